@@ -1,0 +1,1 @@
+"""Arch-neutral CuTe-DSL device helpers shared by the SM90 and SM100 kernels."""

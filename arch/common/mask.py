@@ -1,0 +1,97 @@
+"""The attention mask applied to a score tile in registers, and the key-tile range per query tile.
+
+One rule, the package contract (cute_attn.reference.visible_mask is its PyTorch twin): with
+offset = seqlen_k - seqlen_q (bottom-right alignment), key j is visible to query i iff
+    j < seqlen_k
+    and (no left bound  or j >= i + offset - window_left)
+    and (no right bound or j <= i + offset + window_right).
+Causal is window_right = 0 (folded in by the host). Which bounds exist is compile-time
+(`has_left`, `has_right`); their values are runtime Int32 so windows never recompile.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .dsl import DslStruct
+from .layout import acc_as_rows_cols
+
+
+class TileMask(DslStruct):
+    _dynamic_ = ("seqlen_q", "seqlen_k", "window_left", "window_right")
+
+    def __init__(
+        self,
+        tile_m: int,
+        tile_n: int,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        window_left: Int32,
+        window_right: Int32,
+        has_left: bool,
+        has_right: bool,
+    ):
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.seqlen_q = seqlen_q
+        self.seqlen_k = seqlen_k
+        self.window_left = window_left
+        self.window_right = window_right
+        self.has_left = has_left
+        self.has_right = has_right
+
+    @cute.jit
+    def n_block_range(self, m_block: Int32):
+        """[n_min, n_max) of key tiles with at least one visible key for this query tile."""
+        offset = self.seqlen_k - self.seqlen_q
+        n_max = cute.ceil_div(self.seqlen_k, self.tile_n)
+        if cutlass.const_expr(self.has_right):
+            # the last row of the tile sees furthest right
+            last_row = cutlass.min(m_block * self.tile_m + self.tile_m, self.seqlen_q) - 1
+            right_edge = last_row + offset + self.window_right + 1
+            n_max = cutlass.min(n_max, cute.ceil_div(cutlass.max(right_edge, 0), self.tile_n))
+        n_min = Int32(0)
+        if cutlass.const_expr(self.has_left):
+            left_edge = m_block * self.tile_m + offset - self.window_left
+            n_min = cutlass.max(left_edge, 0) // self.tile_n
+        return n_min, n_max
+
+    @cute.jit
+    def tile_needs_mask(self, m_block: Int32, n_block: Int32) -> cutlass.Boolean:
+        """True unless every (row, col) of the tile is visible (rows past seqlen_q ignored)."""
+        offset = self.seqlen_k - self.seqlen_q
+        col_lo = n_block * self.tile_n
+        col_hi = col_lo + self.tile_n - 1
+        row_lo = m_block * self.tile_m
+        row_hi = row_lo + self.tile_m - 1
+        need = col_hi >= self.seqlen_k
+        if cutlass.const_expr(self.has_right):
+            need = need or col_hi > row_lo + offset + self.window_right
+        if cutlass.const_expr(self.has_left):
+            need = need or col_lo < row_hi + offset - self.window_left
+        return need
+
+    @cute.jit
+    def apply(self, acc_s: cute.Tensor, coords: cute.Tensor, m_block: Int32, n_block: Int32):
+        """Set invisible scores of the tile to -inf. `coords` is the thread's partition of an
+        identity tensor over (tile_m, tile_n), in the accumulator's layout."""
+        s = acc_as_rows_cols(acc_s)
+        c = acc_as_rows_cols(coords)
+        offset = self.seqlen_k - self.seqlen_q
+        col0 = n_block * self.tile_n
+        row0 = m_block * self.tile_m
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            row = row0 + c[r, 0][0]
+            # per-row visible column interval [lo, hi)
+            hi = self.seqlen_k - col0
+            if cutlass.const_expr(self.has_right):
+                hi = cutlass.min(hi, row + offset + self.window_right + 1 - col0)
+            lo = Int32(0) - col0
+            if cutlass.const_expr(self.has_left):
+                lo = row + offset - self.window_left - col0
+            for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                col = c[0, j][1]
+                if col >= hi or col < lo:
+                    s[r, j] = -Float32.inf

@@ -1,0 +1,114 @@
+"""Online softmax over wgmma accumulator rows, in the exp2 domain (paper names m, l, acc).
+
+For each query row the kernel keeps the running max `m` (in raw score units) and the running
+sum `l` of exp2(s * scale_log2 - m * scale_log2). A new key tile with row max m' > m rescales
+`l` and the output accumulator `acc` by exp2((m - m') * scale_log2).
+
+Conditional rescaling (`rescale_threshold` > 0, in log2 units): while
+(m' - m) * scale_log2 <= threshold the old max is kept and nothing is rescaled; the
+probabilities of that tile are then at most 2**threshold instead of 1. This is exact after the
+final normalization (out = acc / l, lse = m * scale + ln l use the same m). fp32 safety: each
+P <= 2**threshold, so with threshold 8 a row sum over 2**20 keys is <= 2**28, far below
+fp32 max (2**128), and P (<= 256) is exactly representable in the bf16/fp16 exponent range
+(fp16 max 65504); the threshold is capped at 8 by the tile config.
+
+A row that has seen no visible key has m = -inf; the helpers substitute 0 for the max in
+the exponent so exp2 gives 0 (never NaN), and `finalize` returns l = 0 for it, which the
+epilogue turns into out = 0, lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .dsl import DslStruct
+from .layout import acc_as_rows_cols
+
+LN2 = math.log(2.0)
+
+
+class OnlineSoftmax(DslStruct):
+    """Per-thread softmax state for the rows this thread holds (2 per 64-row wgmma atom).
+
+    Row values live in 4 lanes (a quad); the max is reduced across the quad at every tile,
+    the sum only once in `finalize` (each lane keeps a partial sum until then).
+    """
+
+    _dynamic_ = ("scale_log2", "row_max", "row_sum")
+
+    def __init__(self, scale_log2: Float32, num_rows: int, rescale_threshold: float):
+        self.scale_log2 = scale_log2
+        self.num_rows = num_rows
+        self.rescale_threshold = rescale_threshold
+        self.row_max = cute.make_rmem_tensor(num_rows, Float32)
+        self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
+
+    @cute.jit
+    def reset(self):
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def step(self, acc_s: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+        """Turn scores `acc_s` into probabilities in place; return the per-row O rescale."""
+        s = acc_as_rows_cols(acc_s)
+        row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+            tile_max = cute.arch.warp_reduction_max(tile_max, threads_in_group=4)
+            m_old = self.row_max[r]
+            m_new = cute.arch.fmax(m_old, tile_max)
+            if cutlass.const_expr(is_first):
+                m_new = tile_max
+                row_scale[r] = Float32(1.0)
+            else:
+                if cutlass.const_expr(self.rescale_threshold > 0.0):
+                    # keep the old max while the growth is small (and the old max is finite)
+                    keep = (m_new - m_old) * self.scale_log2 <= self.rescale_threshold
+                    m_new = m_old if keep else m_new
+                m_old_safe = m_old if m_old != -Float32.inf else m_new
+                m_cur_safe = m_new if m_new != -Float32.inf else Float32(0.0)
+                row_scale[r] = cute.math.exp2(
+                    (m_old_safe - m_cur_safe) * self.scale_log2, fastmath=True
+                )
+                if m_old == -Float32.inf:
+                    row_scale[r] = Float32(0.0)
+            self.row_max[r] = m_new
+            m_scaled = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
+            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                s[r, c] = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
+            tile_sum = s[r, None].load().reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            if cutlass.const_expr(is_first):
+                self.row_sum[r] = tile_sum
+            else:
+                self.row_sum[r] = self.row_sum[r] * row_scale[r] + tile_sum
+        return row_scale
+
+    @cute.jit
+    def rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor):
+        o = acc_as_rows_cols(acc_o)
+        for r in cutlass.range_constexpr(self.num_rows):
+            for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                o[r, c] = o[r, c] * row_scale[r]
+
+    @cute.jit
+    def finalize(self, acc_o: cute.Tensor) -> cute.Tensor:
+        """Normalize `acc_o` by the row sums; return lse (natural log, -inf for empty rows)."""
+        o = acc_as_rows_cols(acc_o)
+        lse = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            l_row = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=4)
+            empty = l_row == 0.0 or l_row != l_row
+            inv = cute.arch.rcp_approx(l_row if not empty else Float32(1.0))
+            inv = inv if not empty else Float32(0.0)
+            m_row = self.row_max[r]
+            lse[r] = (m_row * self.scale_log2 + cute.math.log2(l_row, fastmath=True)) * LN2
+            if empty:
+                lse[r] = -Float32.inf
+            for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                o[r, c] = o[r, c] * inv
+        return lse

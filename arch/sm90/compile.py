@@ -1,0 +1,83 @@
+"""Torch-free compile entry for the SM90 forward: fake tensors over symbolic dims.
+
+`compile_fwd(spec)` returns a TVM-FFI compiled function taking torch tensors directly
+(q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right) on torch's
+current stream. Batch and sequence lengths and all strides but the last are symbolic, so one
+compiled object serves every length; head counts and head dims are static (they are in the
+compile key). Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
+
+Run on any machine (no GPU needed) with CUTE_DSL_ARCH=sm_90a set before cutlass is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+
+from .flash_fwd import FlashFwdSm90
+from .tile_config import FwdTileConfig
+
+DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdSpec:
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    num_heads: int
+    num_heads_kv: int
+    has_left: bool
+    has_right: bool
+    has_softcap: bool
+    config: FwdTileConfig
+
+
+def _fake_bshd(dtype, heads: int, dim: int, b, s):
+    stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8))
+    return cute.runtime.make_fake_tensor(
+        dtype,
+        (b, s, heads, dim),
+        stride=(*stride, cute.sym_int64(divisibility=8), 1),
+        assumed_align=16,
+    )
+
+
+def compile_fwd(spec: FwdSpec, options: str = ""):
+    dtype = DTYPES[spec.dtype]
+    kernel = FlashFwdSm90(
+        dtype,
+        spec.head_dim,
+        spec.head_dim_v,
+        spec.num_heads // spec.num_heads_kv,
+        spec.has_left,
+        spec.has_right,
+        spec.has_softcap,
+        spec.config,
+    )
+    b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    q = _fake_bshd(dtype, spec.num_heads, spec.head_dim, b, sq)
+    k = _fake_bshd(dtype, spec.num_heads_kv, spec.head_dim, cute.sym_int(), sk)
+    v = _fake_bshd(dtype, spec.num_heads_kv, spec.head_dim_v, cute.sym_int(), sk)
+    o = _fake_bshd(dtype, spec.num_heads, spec.head_dim_v, b, sq)
+    lse = cute.runtime.make_fake_compact_tensor(
+        cutlass.Float32, (b, spec.num_heads, sq), stride_order=(2, 1, 0), assumed_align=4
+    )
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    opts = ("--enable-tvm-ffi " + options).strip()
+    return cute.compile(
+        kernel,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        cutlass.Float32(1.0),
+        cutlass.Float32(1.0),
+        cutlass.Int32(0),
+        cutlass.Int32(0),
+        stream,
+        options=opts,
+    )

@@ -1,0 +1,633 @@
+"""FlashAttention forward for Hopper (SM90) in the CuTe DSL.
+
+One CTA computes one (tile_m query rows, head, batch) output tile:
+  * warpgroup 0 (producer, registers lowered by setmaxnreg): warp 0 issues TMA loads of the
+    Q tile and of the K/V tiles that hold at least one visible key, into a multi-stage smem
+    pipeline completing on mbarriers (K and V in separate pipelines);
+  * warpgroups 1..N (consumers, registers raised): each owns 64 query rows. Per key tile:
+    S = Q K^T (wgmma, SS), mask only when the tile crosses a mask boundary, online softmax
+    in the exp2 domain, O += P V (wgmma, RS: P stays in registers). With intra-warpgroup
+    overlap S(j) is issued before P(j-1) V(j-1), so softmax(j) runs while that GEMM is in
+    flight; with ping-pong the consumer warpgroups take turns issuing GEMMs (named barriers)
+    so one warpgroup's softmax hides under the other's tensor-core work;
+  * epilogue: O is normalized, converted, written to smem (aliasing Q) with stmatrix and
+    stored by TMA (which clips rows past seqlen_q); lse (natural log) is written per row.
+
+Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
+last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
+tensors in (batch, seq, heads, dim) layout; lse (batch, heads, seq) fp32.
+
+Compile without a GPU (see cute_attn/fwd_sm90.py for the fake-tensor signature):
+    CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
+from ..common.mask import TileMask
+from ..common.softmax import OnlineSoftmax
+from .tile_config import SMEM_BYTES_SM90, SUPPORTED_HEAD_DIMS, FwdTileConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdRoles:
+    """Warp roles, register budgets and named-barrier ids of the kernel, in one place."""
+
+    num_mma_warpgroups: int = 2
+    load_warp: int = 0  # the one warp of warpgroup 0 that issues TMA loads
+    store_warp: int = 4  # first consumer warp: issues the O TMA store
+    producer_regs: int = 24
+    mma_regs: int = 240
+    # named barrier ids (0 is __syncthreads)
+    bar_epilogue: int = 1
+    bar_sched_first: int = 2  # ping-pong: ids bar_sched_first + consumer warpgroup index
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (self.num_mma_warpgroups + 1)
+
+    @property
+    def num_mma_threads(self) -> int:
+        return 128 * self.num_mma_warpgroups
+
+
+def _roles_for(num_mma_warpgroups: int) -> FwdRoles:
+    # 65536 registers / 384 threads: producer 24 + 2 x 240 consumer budgets sum to 504 <= 512
+    budgets = {1: (56, 256), 2: (24, 240), 3: (32, 160)}[num_mma_warpgroups]
+    return FwdRoles(
+        num_mma_warpgroups=num_mma_warpgroups, producer_regs=budgets[0], mma_regs=budgets[1]
+    )
+
+
+def _smem_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None):
+    """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile."""
+    atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols)
+    atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
+class FlashFwdSm90:
+    def __init__(
+        self,
+        dtype: Type[cutlass.Numeric],
+        head_dim: int,
+        head_dim_v: int,
+        qhead_per_kvhead: int,
+        has_left: bool,
+        has_right: bool,
+        has_softcap: bool,
+        config: FwdTileConfig,
+    ):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self.qhead_per_kvhead = qhead_per_kvhead
+        self.has_left = has_left
+        self.has_right = has_right
+        self.has_softcap = has_softcap
+        self.config = config
+        self.roles = _roles_for(config.num_mma_warpgroups)
+        self._setup_attributes()
+
+    def _setup_attributes(self):
+        cfg = self.config
+        if self.dtype not in (cutlass.BFloat16, cutlass.Float16):
+            raise TypeError(f"SM90 forward supports fp16/bf16, got {self.dtype}")
+        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
+        if self.head_dim_v > self.head_dim:
+            raise ValueError("sO aliases sQ, so head_dim_v must be <= head_dim")
+        smem = cfg.smem_bytes(self.head_dim, self.head_dim_v)
+        if smem > SMEM_BYTES_SM90:
+            raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
+        self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+        self.num_stages = cfg.num_stages
+        # ping-pong pairs the warpgroups; with overlap it pays only for D <= 128 (two full
+        # S tiles plus O must stay in registers; at D > 128 the barrier waits dominate).
+        self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups == 2
+        self.use_pingpong = self.use_pingpong and (
+            not cfg.intra_wg_overlap or self.head_dim <= 128
+        )
+
+    # ------------------------------------------------------------------ host-side launch
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_kv, d)
+        mV: cute.Tensor,  # (b, s_k, h_kv, dv)
+        mO: cute.Tensor,  # (b, s_q, h, dv)
+        mLSE: cute.Tensor,  # (b, h, s_q) fp32
+        softmax_scale_log2: Float32,  # scale * log2(e), or softcap * log2(e) with softcap
+        score_premul: Float32,  # scale / softcap with softcap (tanh argument), else unused
+        window_left: Int32,
+        window_right: Int32,
+        stream: cuda.CUstream,
+    ):
+        if cutlass.const_expr(mQ.element_type != self.dtype):
+            raise TypeError(f"q dtype {mQ.element_type} != compiled {self.dtype}")
+        # (seq, dim, head, batch): the seq x dim tile is what TMA and wgmma see
+        mQ, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ, mO)]
+        mK, mV = [select_modes(t, [1, 3, 2, 0]) for t in (mK, mV)]
+        mLSE = select_modes(mLSE, [2, 1, 0])  # (seq, head, batch)
+
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            atom_layout_mnk=(self.config.num_mma_warpgroups, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN,
+            Float32,
+            atom_layout_mnk=(self.config.num_mma_warpgroups, 1, 1),
+            tiler_mn=(64, self.head_dim_v),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+
+        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, None)
+        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
+        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
+        sO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim_v, None)
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+        )
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
+        )
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v)
+        )
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim_v)
+        )
+        self.tx_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.tx_bytes_k = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
+        self.tx_bytes_v = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(
+            tiled_mma_qk,
+            tiled_mma_pv,
+            tma_atom_Q,
+            tma_Q,
+            tma_atom_K,
+            tma_K,
+            tma_atom_V,
+            tma_V,
+            tma_atom_O,
+            tma_O,
+            mLSE,
+            sQ_layout,
+            sK_layout,
+            sV_layout,
+            sO_layout,
+            softmax_scale_log2,
+            score_premul,
+            window_left,
+            window_right,
+        ).launch(
+            grid=grid,
+            block=[self.roles.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device entry
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_atom_O: cute.CopyAtom,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        roles = self.roles
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == roles.load_warp:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # TmaAsync consumers release once per warp
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.num_mma_threads // 32)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(),
+            num_stages=1,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.tx_bytes_q,
+            defer_sync=True,
+        )
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.tx_bytes_k,
+            defer_sync=True,
+        )
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.tx_bytes_v,
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        # O is staged through the Q buffer once every consumer is done reading Q
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
+
+        # block coordinates; LPT: for causal/local the last query tiles see the most keys
+        m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.config.lpt_order and self.has_right):
+            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+        mask = TileMask(
+            self.tile_m,
+            self.tile_n,
+            mQ.shape[0],
+            mK.shape[0],
+            window_left,
+            window_right,
+            self.has_left,
+            self.has_right,
+        )
+        n_min, n_max = mask.n_block_range(m_block)
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(roles.producer_regs)
+            if warp_idx == roles.load_warp:
+                self.load(
+                    tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_min, n_max,
+                )  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(roles.mma_regs)
+            self.mma(
+                tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
+                pipe_q, pipe_k, pipe_v, mask, m_block, head, batch, n_min, n_max,
+                softmax_scale_log2, score_premul,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ producer role
+    @cute.jit
+    def load(
+        self,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_min: Int32,
+        n_max: Int32,
+    ):
+        head_kv = head // self.qhead_per_kvhead
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(
+            mV[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0)
+        )
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+            cute.group_modes(gQ, 0, 2),
+        )  # fmt: skip
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+            cute.group_modes(gK, 0, 2),
+        )  # fmt: skip
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+            cute.group_modes(gV, 0, 2),
+        )  # fmt: skip
+        if n_max > n_min:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            kv_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Producer, self.num_stages
+            )
+            # key tiles walk right to left: the boundary tile (the one that needs a mask)
+            # comes first, so the consumers' first-iteration special case handles it
+            for i in cutlass.range(n_max - n_min, unroll=1):
+                n_block = n_max - 1 - i
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(
+                    tma_atom_K,
+                    tKgK[None, n_block],
+                    tKsK[None, kv_state.index],
+                    tma_bar_ptr=pipe_k.producer_get_barrier(kv_state),
+                )
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(
+                    tma_atom_V,
+                    tVgV[None, n_block],
+                    tVsV[None, kv_state.index],
+                    tma_bar_ptr=pipe_v.producer_get_barrier(kv_state),
+                )
+                kv_state.advance()
+            # do not exit while consumers may still wait on barriers this warp must not orphan
+            pipe_k.producer_tail(kv_state)
+            pipe_v.producer_tail(kv_state)
+
+    # ------------------------------------------------------------------ consumer role
+    @cute.jit
+    def mma(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tma_atom_O: cute.CopyAtom,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sO: cute.Tensor,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        mask: TileMask,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_min: Int32,
+        n_max: Int32,
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+    ):
+        tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
+        wg = tidx // 128  # consumer warpgroup 0 .. N-1 (warp-uniform by construction)
+        wg_threads = cute.make_layout(self.config.num_mma_warpgroups, stride=128)
+        # wgmma fragments are per warpgroup; coordinates (for masks) are per thread
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(wg))
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_threads(wg))
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        sVt = transpose_smem_view(sV)  # (dv, tile_n, stages): B of O += P V, MN-major
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_shape_s = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        acc_o = cute.make_rmem_tensor(
+            wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32
+        )
+        tOrP = cute.make_rmem_tensor(
+            wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)), self.dtype
+        )
+        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        num_rows = cute.size(acc_as_rows_cols(tScS), mode=[0])
+        softmax = OnlineSoftmax(softmax_scale_log2, num_rows, self.config.rescale_threshold)
+        softmax.reset()
+        acc_o.fill(0.0)
+
+        if cutlass.const_expr(self.use_pingpong):
+            # warpgroup 0 goes first: pre-arrive on its own scheduler barrier
+            if wg == 0:
+                cute.arch.barrier_arrive(
+                    barrier_id=self.roles.bar_sched_first,
+                    number_of_threads=2 * 128,
+                )
+
+        if n_max > n_min:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_q.consumer_wait(q_state)
+            kv_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.num_stages
+            )
+            # ---- first key tile (rightmost): always masked, no PV yet
+            n_block = n_max - 1
+            pipe_k.consumer_wait(kv_state)
+            self._sched_wait(wg)
+            acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
+            self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            self._sched_arrive(wg)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(kv_state)
+            self._scores(acc_s, score_premul)
+            mask.apply(acc_s, tScS, m_block, n_block)
+            softmax.step(acc_s, is_first=True)
+            tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+            v_state = kv_state.clone()
+            kv_state.advance()
+            # ---- remaining tiles, right to left
+            for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                n_block = n_max - 2 - i
+                acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
+                pipe_k.consumer_wait(kv_state)
+                self._sched_wait(wg)
+                self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                if cutlass.const_expr(not self.config.intra_wg_overlap):
+                    self._sched_arrive(wg)
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(kv_state)
+                pipe_v.consumer_wait(v_state)
+                if cutlass.const_expr(not self.config.intra_wg_overlap):
+                    # no overlap: finish P(j-1) V(j-1) before softmax(j) touches O
+                    self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                else:
+                    self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+                    self._sched_arrive(wg)
+                    warpgroup.wait_group(1)  # S(j) done, P(j-1) V(j-1) may still run
+                    pipe_k.consumer_release(kv_state)
+                self._scores(acc_s, score_premul)
+                if mask.tile_needs_mask(m_block, n_block):
+                    mask.apply(acc_s, tScS, m_block, n_block)
+                row_scale = softmax.step(acc_s, is_first=False)
+                if cutlass.const_expr(self.config.intra_wg_overlap):
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                softmax.rescale(acc_o, row_scale)
+                tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+                v_state = kv_state.clone()
+                kv_state.advance()
+            # ---- last P V
+            pipe_v.consumer_wait(v_state)
+            self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(v_state)
+        else:
+            if cutlass.const_expr(self.use_pingpong):
+                # keep the ping-pong barrier phases balanced for a tile with no work
+                self._sched_wait(wg)
+                self._sched_arrive(wg)
+        if cutlass.const_expr(self.use_pingpong):
+            # warpgroup 1 owes warpgroup 0 nothing more; drain the pre-arrive of warpgroup 0
+            if wg == 1:
+                self._sched_wait(wg)
+
+        lse = softmax.finalize(acc_o)
+        self.epilogue(
+            tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, m_block, head, batch
+        )
+
+    # ------------------------------------------------------------------ epilogue role
+    @cute.jit
+    def epilogue(
+        self,
+        tiled_mma_pv: cute.TiledMma,
+        tma_atom_O: cute.CopyAtom,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sO: cute.Tensor,
+        acc_o: cute.Tensor,
+        lse: cute.Tensor,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+    ):
+        roles = self.roles
+        seqlen_q = mO.shape[0]
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        # lse: the thread holding column 0 of a row writes it
+        cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
+        tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cO))
+        if tOcO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+                row = m_block * self.tile_m + tOcO[r, 0][0]
+                if row < seqlen_q:
+                    mLSE[row, head, batch] = lse[r]
+
+        r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        r_o.store(acc_o.load().to(self.dtype))
+        # every consumer warpgroup must be done reading sQ before O overwrites it
+        cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
+        store_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        thr_store = cute.make_tiled_copy_C(store_atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(store_atom, thr_store.retile(r_o), thr_store.partition_D(sO))
+        # generic-proxy smem writes must be visible to the TMA (async proxy) before the store
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == roles.store_warp:
+            gO = cute.local_tile(
+                mO[None, None, head, batch], (self.tile_m, self.head_dim_v), (m_block, 0)
+            )
+            tOsO, tOgO = cpasync.tma_partition(
+                tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                cute.group_modes(gO, 0, 2),
+            )  # fmt: skip
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _gemm(
+        self,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        tCrA: cute.Tensor,
+        tCrB: cute.Tensor,
+        zero_init: cutlass.Constexpr[bool],
+    ):
+        """Issue one warpgroup GEMM over all k-blocks and commit it (no wait)."""
+        warpgroup.fence()
+        # a fresh atom per call: toggling ACCUMULATE on a shared one breaks SSA dominance
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _scores(self, acc_s: cute.Tensor, score_premul: Float32):
+        """Softcap (before masking, as the contract says): s <- tanh(s * scale / softcap);
+        the softcap factor itself is folded into softmax_scale_log2 by the host."""
+        if cutlass.const_expr(self.has_softcap):
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                acc_s[i] = cute.math.tanh(acc_s[i] * score_premul, fastmath=True)
+
+    @cute.jit
+    def _sched_wait(self, wg: Int32):
+        if cutlass.const_expr(self.use_pingpong):
+            cute.arch.barrier(
+                barrier_id=self.roles.bar_sched_first + wg, number_of_threads=2 * 128
+            )
+
+    @cute.jit
+    def _sched_arrive(self, wg: Int32):
+        if cutlass.const_expr(self.use_pingpong):
+            cute.arch.barrier_arrive(
+                barrier_id=self.roles.bar_sched_first + (1 - wg), number_of_threads=2 * 128
+            )
+
+
+def softmax_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
+    """(softmax_scale_log2, score_premul) for the kernel's runtime arguments."""
+    log2e = math.log2(math.e)
+    if softcap > 0.0:
+        return softcap * log2e, softmax_scale / softcap
+    return softmax_scale * log2e, 1.0

@@ -1,0 +1,66 @@
+"""Tile configuration and tuning table of the SM90 forward kernel.
+
+`FwdTileConfig` is everything static about one kernel variant besides the problem's dtypes and
+head dims; it is part of the compile key. `fwd_tile_config` is the tuning table: a pure
+function of the problem's static features. Each branch cites the measurement behind it
+(docs/perf/README.md has the numbers); a branch without a measurement says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+SMEM_BYTES_SM90 = 227 * 1024  # opt-in dynamic smem per CTA on H100/H200
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdTileConfig:
+    tile_m: int = 128  # query rows per CTA (64 per consumer warpgroup)
+    tile_n: int = 128  # keys per mainloop iteration
+    num_stages: int = 2  # K and V smem stages
+    num_mma_warpgroups: int = 2
+    # issue S(j) = Q K(j)^T before P(j-1) V(j-1) so softmax(j) runs while PV is in flight
+    intra_wg_overlap: bool = True
+    # order the two consumer warpgroups' GEMM issue through named barriers (ping-pong)
+    pingpong: bool = True
+    # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
+    rescale_threshold: float = 0.0
+    # reverse m-block order for causal/local so the longest CTAs start first (LPT)
+    lpt_order: bool = True
+
+    def __post_init__(self):
+        if self.tile_m != 64 * self.num_mma_warpgroups:
+            raise ValueError(f"tile_m {self.tile_m} must be 64 * num_mma_warpgroups")
+        if self.tile_n % 16 != 0 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n {self.tile_n} must be a multiple of 16 in [16, 256]")
+        if self.num_stages < 1:
+            raise ValueError("num_stages must be >= 1")
+        if not 0.0 <= self.rescale_threshold <= 8.0:
+            raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
+
+    def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        q = self.tile_m * head_dim * elem_bytes
+        k = self.num_stages * self.tile_n * head_dim * elem_bytes
+        v = self.num_stages * self.tile_n * head_dim_v * elem_bytes
+        return q + k + v + 1024  # barriers and alignment
+
+
+SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
+
+
+def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> FwdTileConfig:
+    """The tuning table. Inputs are static problem features only (never lengths)."""
+    if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
+    if head_dim <= 64:
+        # Not yet measured: FA3's published choice for D=64 is a wider N tile; 128 keeps
+        # registers low for the first correct version.
+        return FwdTileConfig(tile_n=128)
+    if head_dim <= 128:
+        # Not yet measured: 128x128, 2 stages (160 KiB smem at D=128).
+        return FwdTileConfig(tile_n=128)
+    if head_dim <= 192:
+        # Not yet measured: 112 keeps 2 K/V stages inside 227 KiB at D=192.
+        return FwdTileConfig(tile_n=112 if head_dim_v > 128 else 128)
+    # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
+    return FwdTileConfig(tile_n=80)

@@ -1,0 +1,148 @@
+"""Ahead-of-time builds of the kernel variants for an arch, on any machine (GPU or not).
+
+`compile_variants` fills the disk cache (so GPU hosts with the same versions skip the JIT) and
+reports, per variant, compile time, registers, spills and whether the instructions the kernel
+is meant to use are in its SASS. Used by `python -m cute_attn compile` and by CI.
+
+The DSL reads CUTE_DSL_ARCH at import: call this in a process that has not imported cutlass
+yet, or that imported it with the same arch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from .problem import AttnProblem
+
+MEANT = {"sm_90a": ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")}
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "bfloat16": "bfloat16", "float16": "float16"}
+# (label, causal, window_left, window_right, softcap): each mask feature specializes the kernel
+FEATURES = (
+    ("plain", False, -1, -1, 0.0),
+    ("causal", True, -1, 0, 0.0),
+    ("local", False, 128, 0, 0.0),
+    ("softcap", True, -1, 0, 30.0),
+)
+
+
+def _nvdisasm() -> str | None:
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    cand = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13" / "bin" / "nvdisasm"
+    return str(cand) if cand.exists() else None
+
+
+def _cubin_registers(cubin: bytes) -> int | None:
+    """Register count of the kernel from the cubin's .nv.info attributes (EIATTR_REGCOUNT)."""
+    if cubin[:4] != b"\x7fELF":
+        return None
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    str_off = secs[shstrndx][4]
+    regs = None
+    for sec in secs:
+        name = cubin[str_off + sec[0] : cubin.index(b"\0", str_off + sec[0])].decode()
+        if not name.startswith(".nv.info"):
+            continue
+        pos, end = sec[4], sec[4] + sec[5]
+        while pos + 2 <= end:  # entries: u8 format, u8 attribute, then by format
+            fmt, attr = cubin[pos], cubin[pos + 1]
+            if fmt == 4:  # EIFMT_SVAL: u16 size, payload
+                size = struct.unpack_from("<H", cubin, pos + 2)[0]
+                if attr == 0x2F:  # EIATTR_REGCOUNT: (symbol index, registers)
+                    regs = max(regs or 0, struct.unpack_from("<II", cubin, pos + 4)[1])
+                pos += 4 + size
+            else:  # EIFMT_NVAL has no value; BVAL/HVAL carry a 2-byte value
+                pos += 2 if fmt == 1 else 4
+    return regs
+
+
+def _sass(cubin: bytes) -> str:
+    tool = _nvdisasm()
+    if tool is None:
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, timeout=300)
+    return res.stdout
+
+
+def _variant_problems(head_dims, dtypes):
+    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
+
+    for d, dv in SUPPORTED_HEAD_DIMS:
+        if head_dims and d not in head_dims:
+            continue
+        for dt in dtypes:
+            for label, causal, left, right, softcap in FEATURES:
+                name = f"sm90_fwd d{d}x{dv} {dt} {label}"
+                yield name, AttnProblem(
+                    batch=1, seqlen_q=1, seqlen_k=1, num_heads=8, num_heads_kv=2,
+                    head_dim=d, head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda",
+                    device_index=0, softmax_scale=d**-0.5, causal=causal, window_left=left,
+                    window_right=right, softcap=softcap,
+                )  # fmt: skip
+
+
+def compile_variants(
+    arch: str,
+    head_dims: list[int] | None = None,
+    dtypes: list[str] | None = None,
+    progress: bool = False,
+) -> list[dict]:
+    if arch not in MEANT:
+        return []  # no kernels for this arch yet (sm_100a: none)
+    os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    from .fwd_sm90 import build_fwd, fwd_key
+
+    dtypes = [DTYPE_NAMES[d] and d for d in (dtypes or ["bf16", "fp16"])]
+    rows = []
+    old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
+    os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"
+    try:
+        for name, p in _variant_problems(head_dims, dtypes):
+            row = {"name": name, "arch": arch, "seconds": None, "registers": None,
+                   "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
+            t0 = time.perf_counter()
+            try:
+                fn = build_fwd(fwd_key(p, arch))
+                row["seconds"] = round(time.perf_counter() - t0, 2)
+                cubin = getattr(fn, "__cubin__", None)
+                if cubin:  # None when it came from the disk cache (no artifacts kept)
+                    sass = _sass(cubin)
+                    row["registers"] = _cubin_registers(cubin)
+                    row["spills"] = sass.count("STL") + sass.count("LDL") if sass else None
+                    row["instructions"] = {i: i in sass for i in MEANT[arch]} if sass else {}
+                    row["ok"] = bool(sass) and all(row["instructions"].values())
+                    if not sass:
+                        row["error"] = "nvdisasm not found: cannot check SASS"
+                    elif not row["ok"]:
+                        row["error"] = "missing instructions"
+                else:
+                    row["ok"] = True
+                    row["error"] = "loaded from disk cache: SASS not re-checked"
+            except Exception as e:  # report and go on: one broken variant must not hide others
+                row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            rows.append(row)
+            if progress:
+                print(
+                    f"  {row['name']:<36} {row['seconds']}s regs={row['registers']} "
+                    f"spills={row['spills']} ok={row['ok']}",
+                    flush=True,
+                )
+    finally:
+        if old is None:
+            os.environ.pop("CUTE_ATTN_KEEP_ARTIFACTS", None)
+        else:
+            os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = old
+    return rows

@@ -1,0 +1,167 @@
+"""Public entry points: validate, dispatch, run. Every entry returns `(out, lse)`.
+
+Layout is (batch, seq, heads, dim). WARNING: SDPA uses (batch, heads, seq, dim); a transposed
+tensor whose sizes happen to fit is indistinguishable and silently computes something else.
+Transpose SDPA-layout inputs with `.transpose(1, 2)` first (see docs/contract.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, reference
+from .validation import validate_dense, validate_kvcache, validate_varlen
+
+
+def _ref_compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _window(p) -> tuple[int, int]:
+    # the problem's window is already normalized (causal folded into window_right)
+    return (p.window_left, p.window_right)
+
+
+class _KernelFwdRefBwd(torch.autograd.Function):
+    """Kernel forward; gradients from the reference's analytic backward (recomputes P from
+    lse, memory-bounded). Exact but slow: the SM90 backward kernel is a later milestone."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, problem):
+        from .fwd_sm90 import run_fwd
+
+        out, lse = run_fwd(q, k, v, problem)
+        ctx.problem = problem
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        p = ctx.problem
+        dq, dk, dv = reference.attention_ref_backward(
+            q, k, v, out, lse, dout,
+            softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
+            softcap=p.softcap,
+        )  # fmt: skip
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    fallback: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention. q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), H % Hkv == 0.
+
+    Returns out (B, Sq, H, Dv) in q's dtype and lse (B, H, Sq) float32 (natural log).
+    causal is bottom-right aligned (key j visible to query i iff j <= i + Sk - Sq);
+    window_size=(left, right) keeps j in [i + Sk - Sq - left, i + Sk - Sq + right]
+    (None or -1: unbounded), intersected with causal. Query head h uses KV head
+    h // (H // Hkv). A row with no visible key gives out = 0, lse = -inf. softcap > 0 applies
+    softcap * tanh(s / softcap) to the scaled scores before masking. No dropout.
+    CUDA fp16/bf16 inputs run the cute_attn kernel for the device (SM90); CPU inputs of any
+    float dtype run the reference. `fallback="reference"` lets an unserved CUDA call run the
+    slow reference instead of raising. `cute_attn.last_dispatch()` says what ran.
+    """
+    p = validate_dense(
+        q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
+    )  # fmt: skip
+    d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
+    if d.impl == "sm90_fwd":
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _KernelFwdRefBwd.apply(q, k, v, p)
+        from .fwd_sm90 import run_fwd
+
+        return run_fwd(q, k, v, p)
+    out, lse = reference.attention_ref(
+        q, k, v, softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
+        softcap=p.softcap, compute_dtype=_ref_compute_dtype(q.dtype),
+    )  # fmt: skip
+    return out.to(q.dtype), lse.float()
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    fallback: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed variable-length attention. q (total_q, H, D); k/v (total_k, Hkv, D[v]) packed by
+    cu_seqlens_k, or (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages).
+    Returns out (total_q, H, Dv) and lse (H, total_q) float32. Each sequence is its own
+    problem (bottom-right causal per sequence). Rows past seqused_q give out 0, lse -inf.
+    No SM90 varlen kernel yet: CUDA inputs need fallback='reference'.
+    """
+    p = validate_varlen(
+        q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
+        seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+        deterministic=deterministic,
+    )  # fmt: skip
+    dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
+                    entry="flash_attn_varlen_func")  # fmt: skip
+    out, lse = reference.attention_ref_varlen(
+        q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
+        seqused_k=seqused_k, page_table=page_table, softmax_scale=p.softmax_scale,
+        causal=False, window_size=_window(p), softcap=p.softcap,
+        compute_dtype=_ref_compute_dtype(q.dtype),
+    )  # fmt: skip
+    return out.to(q.dtype), lse.float()
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    *,
+    cache_seqlens,
+    cache_batch_idx=None,
+    page_table=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    rotary_interleaved=True,
+    softmax_scale=None,
+    causal=True,
+    window_size=(None, None),
+    softcap=0.0,
+    num_splits=0,
+):
+    """Reserved: KV-cache append + attention (the inference milestone fills it). Validates its
+    arguments, then raises NotImplementedError."""
+    validate_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+        page_table=page_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+        num_splits=num_splits,
+    )  # fmt: skip
+    raise NotImplementedError("flash_attn_with_kvcache is reserved; not implemented yet")

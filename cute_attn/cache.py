@@ -1,0 +1,738 @@
+"""Compile cache for JIT-compiled CuTe DSL kernels: in memory, and on disk across processes.
+
+What
+----
+`cute.compile` costs about a second per kernel variant, so every kernel runner wraps its
+`build(key) -> compiled` function in `@compiled_cache(name)`. A *key* is a frozen dataclass
+deriving from `KernelKey` holding only plain values (dtype names, tile sizes, feature flags,
+target arch, ...); it is everything that changes the generated code and nothing else (never
+batch or sequence lengths, never tensors). The decorated function returns
+
+1. the object from the in-process memory cache (a dict lookup: the per-call hot path), else
+2. the artifact saved on disk by an earlier process (a TVM-FFI object file: ~1 ms to load once
+   the runtime libraries are loaded), else
+3. a fresh build, which is then saved to disk for the next process.
+
+On-disk layout
+--------------
+::
+
+    <cache_dir()>/
+      <name>/                       one folder per decorated builder (name sanitized)
+        <digest>.json               sidecar: name, key class, key fields, fingerprint, file list,
+                                    build seconds, creation time. Written last; an entry is
+                                    valid only if its sidecar exists and matches the key.
+        <digest>.o                  the artifact(s) written by the save hook (default: a TVM-FFI
+                                    object file exported with `export_to_c`)
+        <digest>.lock               flock target serializing builders of this key across
+                                    processes (never deleted: unlinking a flock file races)
+        .tmp.<digest>.<pid>...      in-flight writes, renamed into place with os.replace
+
+`<digest>` is `key.digest()`: sha256 over the key's class name, its fields, and
+`source_fingerprint()` (the kernel sources under cute_attn/arch, the nvidia-cutlass-dsl and
+apache-tvm-ffi versions, cute_attn's version, the platform). Editing any kernel source or
+upgrading the DSL therefore changes every digest: stale entries are never loaded, only left
+behind (delete the folder to reclaim space).
+
+Environment (read at call time, so tests can monkeypatch it)
+-------------------------------------------------------------
+- `CUTE_ATTN_DISK_CACHE=0` (or false/off/no): memory cache only; nothing is written. Wins over
+  `CUTE_ATTN_CACHE_DIR`.
+- `CUTE_ATTN_CACHE_DIR=/path`: use this folder as-is (shared by all fingerprints; the digest
+  keeps them apart).
+- default: `${XDG_CACHE_HOME:-~/.cache}/cute_attn/<fingerprint[:16]>`.
+
+Safety guarantees
+-----------------
+- A memory hit touches no file and takes no lock. Keys are validated at construction
+  (`TypeError` naming the field for anything that is not str/int/float/bool/None or a tuple of
+  those), so a tensor can never end up in a key or a sidecar.
+- A miss takes an in-process per-key `threading.Lock` and then a per-key `fcntl.flock`, and
+  re-checks memory and disk under them: N threads or processes asking for the same key build
+  it once; the others load the result.
+- Writes are atomic: the save hook writes under a temporary name in the same folder, files are
+  `os.replace`d into place, and the sidecar is written (atomically) last. A crash leaves at worst
+  an entry without a sidecar, which counts as absent.
+- A corrupt entry (sidecar unreadable or not matching the key, a listed file missing, the load
+  hook raising or returning None) counts as a miss: a warning goes to the "cute_attn" logger,
+  the entry is deleted, and the key is rebuilt.
+- Disk errors (unwritable folder, full disk, no flock support) never fail the call: they are
+  logged and the result stays in memory only.
+- Key equality is dataclass equality, where `1 == 1.0 == True`; the digest, however, is
+  type-exact. Give each field one type (as its annotation says) to keep the two consistent.
+
+Usage
+-----
+::
+
+    @dataclasses.dataclass(frozen=True)
+    class FwdKey(KernelKey):
+        dtype: str
+        head_dim: int
+        causal: bool
+
+    @compiled_cache("sm90_fwd")
+    def _build_fwd(key: FwdKey):
+        return cute.compile(kernel, *fake_args, options="--enable-tvm-ffi")
+
+    compiled = _build_fwd(FwdKey("bfloat16", 128, True))
+
+Tests: `python -m pytest tests/test_cache.py` (add `-m "not compile"` to skip the real CuTe DSL
+export/load round trip, which takes a few seconds on the CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import math
+import operator
+import os
+import pathlib
+import platform
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+try:  # POSIX only; elsewhere cross-process builds are not serialized (still correct, just dup work)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "KernelKey",
+    "cache_dir",
+    "cache_stats",
+    "clear_memory_cache",
+    "compiled_cache",
+    "disk_entries",
+    "source_fingerprint",
+]
+
+logger = logging.getLogger("cute_attn")
+
+_SIDECAR_FORMAT = 1
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+_FAST_OK = frozenset((str, int, bool, type(None)))  # scalars that need no further check
+_DISABLE_VALUES = ("0", "false", "off", "no")
+
+
+# ----------------------------------------------------------------------------------------------
+# Keys
+# ----------------------------------------------------------------------------------------------
+
+# Per-class tuple of field names; dataclasses.fields() is slow enough to matter when keys are
+# built on every kernel call.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        _FIELD_NAMES[cls] = names
+    return names
+
+
+# Per-class getter returning all field values as a tuple (works with and without slots).
+_GETTERS: dict[type, Callable[[Any], tuple]] = {}
+
+
+def _getter(cls: type) -> Callable[[Any], tuple]:
+    names = _field_names(cls)
+    if len(names) == 1:  # attrgetter of one name returns the value, not a 1-tuple
+        getter = lambda obj: (getattr(obj, names[0]),)
+    elif names:
+        getter = operator.attrgetter(*names)
+    else:
+        getter = lambda obj: ()
+    _GETTERS[cls] = getter
+    return getter
+
+
+def _all_plain(values: tuple) -> bool:
+    """True iff every value is a plain scalar (floats not NaN) or a tuple of plain values."""
+    for v in values:
+        t = type(v)
+        if t in _FAST_OK:
+            continue
+        if t is float:
+            if v != v:  # NaN
+                return False
+        elif t is not tuple or not (set(map(type, v)) <= _FAST_OK or _all_plain(v)):
+            return False
+    return True
+
+
+def _check_plain(value: Any, where: str) -> None:
+    t = type(value)
+    # Exact types on purpose: numpy ints, enums, torch.dtype etc. have unstable or
+    # version-dependent reprs and would make digests drift.
+    if t in _PLAIN_SCALARS:
+        if t is float and math.isnan(value):
+            # NaN != NaN: the key would never hit the memory cache.
+            raise ValueError(f"{where}: NaN is not allowed in a compile key")
+        return
+    if t is tuple:
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where}: compile-key fields must be plain values (str/int/float/bool/None or tuples "
+        f"of them), got {t.__module__}.{t.__qualname__}"
+    )
+
+
+def _canon(value: Any) -> str:
+    """Type-tagged canonical text of a plain value (stable across processes and versions)."""
+    t = type(value)
+    if value is None:
+        return "n"
+    if t is bool:
+        return "b:1" if value else "b:0"
+    if t is int:
+        return f"i:{value}"
+    if t is float:
+        return f"f:{value + 0.0!r}"  # + 0.0 folds -0.0 into 0.0 (they compare equal)
+    if t is str:
+        return "s:" + json.dumps(value)
+    if t is tuple:
+        return "(" + ",".join(_canon(v) for v in value) + ")"
+    raise TypeError(f"not a plain value: {t.__qualname__}")  # unreachable after validation
+
+
+class KernelKey:
+    """Base class for compile keys. Subclass as a frozen dataclass of plain values::
+
+        @dataclasses.dataclass(frozen=True)      # slots=True also works and hashes faster
+        class FwdKey(KernelKey):
+            dtype: str
+            head_dim: int
+
+    Construction validates every field (TypeError naming the field otherwise). A subclass
+    defining its own `__post_init__` must call `super().__post_init__()`.
+    """
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        # Keys may be built on every kernel call: str/int/bool/None-only keys pass with one
+        # C-level set check, floats and tuples with a short loop; only rejects take the slow,
+        # message-building path.
+        cls = type(self)
+        values = (_GETTERS.get(cls) or _getter(cls))(self)
+        if set(map(type, values)) <= _FAST_OK or _all_plain(values):
+            return
+        for name in _field_names(cls):  # slow path: find the offending field, raise
+            _check_plain(getattr(self, name), f"{cls.__qualname__}.{name}")
+
+    def fields_dict(self) -> dict[str, Any]:
+        """The key's fields as a dict (values as stored; tuples stay tuples)."""
+        return {name: getattr(self, name) for name in _field_names(type(self))}
+
+    def digest(self) -> str:
+        """sha256 hex of (class qualname, sorted fields, source_fingerprint()).
+
+        Independent of PYTHONHASHSEED, the process and field declaration order.
+        """
+        cls = type(self)
+        items = sorted(self.fields_dict().items())
+        text = "\n".join(
+            [
+                "cute_attn.KernelKey/v1",
+                cls.__qualname__,
+                ";".join(f"{k}={_canon(v)}" for k, v in items),
+                source_fingerprint(),
+            ]
+        )
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Fingerprint and location
+# ----------------------------------------------------------------------------------------------
+
+
+def _arch_dir() -> pathlib.Path | None:
+    """The installed cute_attn.arch package folder, without importing it (kernels import
+    cutlass, which must not happen as a side effect of computing a digest)."""
+    try:
+        spec = importlib.util.find_spec("cute_attn.arch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return pathlib.Path(next(iter(spec.submodule_search_locations)))
+    # Uninstalled source checkout (repo root on sys.path): arch/ sits next to cute_attn/.
+    root = pathlib.Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "arch").is_dir():
+        return root / "arch"
+    return None
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
+
+
+def _cute_attn_version() -> str:
+    try:
+        import cute_attn
+
+        version = getattr(cute_attn, "__version__", None)
+    except ImportError:
+        version = None
+    return str(version) if version is not None else _dist_version("cute-attn")
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """sha256 hex over everything outside a key that changes a compiled artifact.
+
+    Covers every *.py under the cute_attn/arch package (sorted by relative path, path and
+    content), the nvidia-cutlass-dsl and apache-tvm-ffi versions (the .o files use the TVM-FFI
+    ABI), cute_attn.__version__, and OS/CPU (a shared home directory may serve several
+    machines). Computed once per process.
+    """
+    h = hashlib.sha256(b"cute_attn-fingerprint/v1\0")
+    arch = _arch_dir()
+    if arch is None:
+        logger.warning("cute_attn cache: kernel sources not found; fingerprint omits them")
+        h.update(b"arch:missing\0")
+    else:
+        for path in sorted(arch.rglob("*.py"), key=lambda p: p.relative_to(arch).as_posix()):
+            if "__pycache__" in path.parts:
+                continue
+            h.update(path.relative_to(arch).as_posix().encode() + b"\0")
+            h.update(path.read_bytes() + b"\0")
+    for part in (
+        "nvidia-cutlass-dsl=" + _dist_version("nvidia-cutlass-dsl"),
+        "apache-tvm-ffi=" + _dist_version("apache-tvm-ffi"),
+        "cute_attn=" + _cute_attn_version(),
+        f"platform={sys.platform}-{platform.machine()}",
+    ):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
+def cache_dir() -> pathlib.Path | None:
+    """The on-disk cache folder, or None when the disk cache is disabled (see module doc)."""
+    if os.environ.get("CUTE_ATTN_DISK_CACHE", "1").strip().lower() in _DISABLE_VALUES:
+        return None
+    explicit = os.environ.get("CUTE_ATTN_CACHE_DIR")
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "cute_attn" / source_fingerprint()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# Default save/load: TVM-FFI object files
+# ----------------------------------------------------------------------------------------------
+
+
+def _c_identifier(text: str) -> str:
+    ident = re.sub(r"\W", "_", text, flags=re.ASCII)
+    return ident if ident[:1].isalpha() else "k_" + ident
+
+
+def _export_name(name: str, key: KernelKey) -> str:
+    return f"cute_attn_{_c_identifier(name)}_{key.digest()[:16]}"
+
+
+def _tvm_ffi_hooks(name: str):
+    def save(compiled: Any, base: pathlib.Path, key: KernelKey) -> list[pathlib.Path]:
+        path = pathlib.Path(f"{base}.o")
+        # Only TVM-FFI functions take object_file_path=/function_name=; anything else raises
+        # (AttributeError/TypeError/DSL error) and the caller keeps the entry memory-only.
+        compiled.export_to_c(object_file_path=str(path), function_name=_export_name(name, key))
+        return [path]
+
+    def load(base: pathlib.Path, key: KernelKey) -> Any:
+        import cutlass.cute as cute
+
+        module = cute.runtime.load_module(f"{base}.o", enable_tvm_ffi=True)
+        # The returned tvm_ffi.Function keeps the module's execution engine alive.
+        return module[_export_name(name, key)]
+
+    return save, load
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache
+# ----------------------------------------------------------------------------------------------
+
+_MISSING = object()
+_WARNED: set[tuple[str, str]] = set()
+_WARNED_GUARD = threading.Lock()
+
+
+def _warn_once(tag: tuple[str, str], msg: str, *args: Any) -> None:
+    with _WARNED_GUARD:
+        first = tag not in _WARNED
+        _WARNED.add(tag)
+    logger.log(logging.WARNING if first else logging.DEBUG, msg, *args)
+
+
+class _FileLock:
+    """Exclusive flock on `path` for the duration of a `with`; degrades to no lock on error."""
+
+    def __init__(self, path: pathlib.Path, cache_name: str):
+        self.path = path
+        self.cache_name = cache_name
+        self.fd: int | None = None
+
+    def __enter__(self) -> _FileLock:
+        if fcntl is None:
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            _warn_once(
+                (self.cache_name, "lock"), "cute_attn cache: cannot open %s: %s", self.path, e
+            )
+            return self
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # e.g. ENOLCK on some network filesystems
+            os.close(fd)
+            _warn_once(
+                (self.cache_name, "lock"), "cute_attn cache: flock(%s) failed: %s", self.path, e
+            )
+            return self
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+
+def _unlink_quietly(path: pathlib.Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        logger.warning("cute_attn cache: cannot delete %s: %s", path, e)
+
+
+class _Cache:
+    """State of one decorated builder. The hot path lives in the wrapper closure."""
+
+    def __init__(self, name: str, build: Callable, save: Callable, load: Callable):
+        self.name = name
+        self.dir_name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        self.build = build
+        self.save = save
+        self.load = load
+        self.memory: dict[KernelKey, Any] = {}
+        self.key_locks: dict[KernelKey, threading.Lock] = {}
+        self.guard = threading.Lock()
+        self.memory_hits = 0
+        self.disk_hits = 0
+        self.misses = 0
+        self.corrupt = 0
+        self.build_seconds = 0.0
+        self.load_seconds = 0.0
+
+    # -- slow path -----------------------------------------------------------------------------
+
+    def get_slow(self, key: KernelKey) -> Any:
+        if not isinstance(key, KernelKey):
+            raise TypeError(
+                f"compiled_cache({self.name!r}) needs a KernelKey, got {type(key).__qualname__}"
+            )
+        with self.guard:
+            lock = self.key_locks.setdefault(key, threading.Lock())
+        with lock:
+            value = self.memory.get(key, _MISSING)
+            if value is not _MISSING:  # another thread built it while we waited
+                self.memory_hits += 1
+                return value
+            folder = self._folder()
+            if folder is None:
+                value, _ = self._build(key)
+            else:
+                entry = folder / key.digest()
+                with _FileLock(entry.with_name(entry.name + ".lock"), self.name):
+                    value = self._load(entry, key)
+                    if value is _MISSING:
+                        value, seconds = self._build(key)
+                        self._save(entry, key, value, seconds)
+            self.memory[key] = value
+            return value
+
+    def _folder(self) -> pathlib.Path | None:
+        root = cache_dir()
+        if root is None:
+            return None
+        folder = root / self.dir_name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            _warn_once(
+                (self.name, "mkdir"),
+                "cute_attn cache: cannot create %s (%s); caching %r in memory only",
+                folder,
+                e,
+                self.name,
+            )
+            return None
+        return folder
+
+    def _build(self, key: KernelKey) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        value = self.build(key)
+        seconds = time.perf_counter() - t0
+        if value is None:
+            raise TypeError(f"compiled_cache({self.name!r}): build returned None for {key!r}")
+        self.misses += 1
+        self.build_seconds += seconds
+        logger.debug("cute_attn cache: built %s %r in %.3f s", self.name, key, seconds)
+        return value, seconds
+
+    # -- disk ----------------------------------------------------------------------------------
+
+    def _meta_for(self, key: KernelKey) -> dict[str, Any]:
+        return {
+            "format": _SIDECAR_FORMAT,
+            "name": self.name,
+            "key_class": type(key).__qualname__,
+            "digest": key.digest(),
+            "fingerprint": source_fingerprint(),
+            # JSON round trip so that tuples compare equal to the lists read back
+            "fields": json.loads(json.dumps(key.fields_dict())),
+        }
+
+    def _load(self, entry: pathlib.Path, key: KernelKey) -> Any:
+        sidecar = entry.with_name(entry.name + ".json")
+        if not sidecar.exists():
+            return _MISSING
+        t0 = time.perf_counter()
+        try:
+            meta = json.loads(sidecar.read_text())
+            expected = self._meta_for(key)
+            mismatch = [k for k, v in expected.items() if meta.get(k) != v]
+            if mismatch:
+                raise ValueError(f"sidecar does not match the key ({', '.join(mismatch)})")
+            files = [entry.with_name(entry.name + s) for s in meta.get("files", [])]
+            missing = [str(f) for f in files if not f.exists()]
+            if missing:
+                raise FileNotFoundError(f"missing artifact files {missing}")
+            value = self.load(entry, key)
+            if value is None:
+                raise ValueError("load hook returned None")
+        except Exception as e:  # anything wrong with the entry: treat as a miss and rebuild
+            self.corrupt += 1
+            logger.warning(
+                "cute_attn cache: discarding unusable entry %s (%s: %s); rebuilding",
+                sidecar,
+                type(e).__name__,
+                e,
+            )
+            self._delete(entry)
+            return _MISSING
+        self.disk_hits += 1
+        self.load_seconds += time.perf_counter() - t0
+        return value
+
+    def _delete(self, entry: pathlib.Path) -> None:
+        # Sidecar first: once it is gone the entry is invalid even if a later unlink fails.
+        _unlink_quietly(entry.with_name(entry.name + ".json"))
+        for path in entry.parent.glob(entry.name + ".*"):
+            if not path.name.endswith(".lock"):
+                _unlink_quietly(path)
+
+    def _save(self, entry: pathlib.Path, key: KernelKey, value: Any, seconds: float) -> None:
+        tmp_base = entry.with_name(
+            f".tmp.{entry.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
+        )
+        try:
+            written = [pathlib.Path(p) for p in self.save(value, tmp_base, key)]
+        except Exception as e:
+            _warn_once(
+                (self.name, "save"),
+                "cute_attn cache: cannot save %r to disk (%s: %s); keeping it in memory only",
+                self.name,
+                type(e).__name__,
+                e,
+            )
+            self._remove_tmp(tmp_base)
+            return
+        try:
+            suffixes = []
+            for path in written:
+                if path.parent != tmp_base.parent or not path.name.startswith(tmp_base.name):
+                    raise ValueError(f"save hook wrote {path}, not {tmp_base}<suffix>")
+                suffix = path.name[len(tmp_base.name) :]
+                os.replace(path, entry.with_name(entry.name + suffix))
+                suffixes.append(suffix)
+            meta = self._meta_for(key)
+            meta.update(
+                files=suffixes,
+                build_seconds=round(seconds, 6),
+                created=time.time(),
+                pid=os.getpid(),
+            )
+            tmp_json = tmp_base.with_name(tmp_base.name + ".json")
+            tmp_json.write_text(json.dumps(meta, indent=1, sort_keys=True))
+            os.replace(tmp_json, entry.with_name(entry.name + ".json"))
+        except Exception as e:  # disk full, read-only, bad hook output: stay memory-only
+            _warn_once(
+                (self.name, "write"),
+                "cute_attn cache: writing %s failed (%s: %s); keeping it in memory only",
+                entry,
+                type(e).__name__,
+                e,
+            )
+            self._remove_tmp(tmp_base)
+
+    @staticmethod
+    def _remove_tmp(tmp_base: pathlib.Path) -> None:
+        try:
+            for path in tmp_base.parent.glob(tmp_base.name + "*"):
+                _unlink_quietly(path)
+        except OSError:
+            pass
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "memory_hits": self.memory_hits,
+            "disk_hits": self.disk_hits,
+            "misses": self.misses,
+            "corrupt": self.corrupt,
+            "build_seconds": self.build_seconds,
+            "load_seconds": self.load_seconds,
+            "memory_entries": len(self.memory),
+        }
+
+
+_REGISTRY: dict[str, _Cache] = {}
+
+
+def compiled_cache(
+    name: str,
+    *,
+    save: Callable[[Any, pathlib.Path, KernelKey], list[pathlib.Path]] | None = None,
+    load: Callable[[pathlib.Path, KernelKey], Any] | None = None,
+) -> Callable[[Callable[[KernelKey], Any]], Callable[[KernelKey], Any]]:
+    """Decorator for `build(key: KernelKey) -> compiled`: memory cache plus on-disk cache.
+
+    `name` must be unique per builder (it names the disk folder and the stats entry).
+
+    `save(compiled, base, key) -> list[Path]` writes the artifact as files named `base + suffix`
+    (for example `f"{base}.o"`) and returns their paths; `base` is a temporary name in the
+    cache folder and the files are renamed into place afterwards, so hooks need not be atomic.
+    `load(base, key) -> compiled | None` reads them back from the final `base`; raising or
+    returning None marks the entry corrupt (it is deleted and rebuilt).
+
+    The defaults use TVM-FFI export: `compiled.export_to_c(object_file_path=f"{base}.o",
+    function_name=...)` and `cutlass.cute.runtime.load_module(f"{base}.o",
+    enable_tvm_ffi=True)[function_name]`; compile with `options="--enable-tvm-ffi"`. A loaded
+    entry is a positional-only `tvm_ffi.Function`, not the `cute.compile` result class. If
+    export fails (not a TVM-FFI function), that is logged once and entries stay memory-only.
+    """
+    if (save is None) != (load is None):
+        raise ValueError("compiled_cache: give both save and load, or neither")
+    if save is None:
+        save, load = _tvm_ffi_hooks(name)
+
+    def decorate(build: Callable[[KernelKey], Any]) -> Callable[[KernelKey], Any]:
+        cache = _Cache(name, build, save, load)
+        if name in _REGISTRY:
+            logger.debug("cute_attn cache: re-registering %r (module reload?)", name)
+        _REGISTRY[name] = cache
+        memory = cache.memory
+        get_slow = cache.get_slow
+
+        # Hot path: one dict lookup (the key's dataclass __hash__/__eq__) and a counter.
+        @functools.wraps(build)
+        def cached(key: KernelKey) -> Any:
+            try:
+                value = memory[key]
+            except KeyError:
+                return get_slow(key)
+            cache.memory_hits += 1
+            return value
+
+        cached.cache_name = name  # type: ignore[attr-defined]
+        return cached
+
+    return decorate
+
+
+def _caches(name: str | None) -> list[_Cache]:
+    if name is None:
+        return list(_REGISTRY.values())
+    try:
+        return [_REGISTRY[name]]
+    except KeyError:
+        raise KeyError(f"no compiled_cache named {name!r}; known: {sorted(_REGISTRY)}") from None
+
+
+def cache_stats(name: str | None = None) -> dict[str, Any]:
+    """Counters of one cache, or totals over all caches of this process when name is None:
+    memory_hits, disk_hits, misses (= builds), corrupt (entries discarded), build_seconds,
+    load_seconds (disk loads), memory_entries."""
+    total: dict[str, Any] = {
+        "memory_hits": 0,
+        "disk_hits": 0,
+        "misses": 0,
+        "corrupt": 0,
+        "build_seconds": 0.0,
+        "load_seconds": 0.0,
+        "memory_entries": 0,
+    }
+    for cache in _caches(name):
+        for k, v in cache.stats().items():
+            total[k] += v
+    return total
+
+
+def clear_memory_cache(name: str | None = None) -> None:
+    """Drop the in-memory entries (of one cache, or all). Disk entries and counters stay."""
+    for cache in _caches(name):
+        cache.memory.clear()
+
+
+def disk_entries(name: str | None = None) -> list[dict[str, Any]]:
+    """The sidecars found in cache_dir() (of one cache name, or all), each with `path` (the
+    sidecar) and `current` (fingerprint matches this process). Unreadable sidecars are skipped.
+    """
+    root = cache_dir()
+    if root is None or not root.is_dir():
+        return []
+    if name is None:
+        pattern = "*/*.json"
+    else:
+        pattern = re.sub(r"[^A-Za-z0-9_.-]", "_", name) + "/*.json"
+    fingerprint = source_fingerprint()
+    out = []
+    for sidecar in sorted(root.glob(pattern)):
+        if sidecar.name.startswith("."):
+            continue
+        try:
+            meta = json.loads(sidecar.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict):
+            continue
+        meta["path"] = str(sidecar)
+        meta["current"] = meta.get("fingerprint") == fingerprint
+        out.append(meta)
+    return out

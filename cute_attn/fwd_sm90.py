@@ -1,0 +1,129 @@
+"""Host side of the SM90 forward kernel: compile key, cached build, launch.
+
+The kernel itself (torch-free) is cute_attn.arch.sm90.flash_fwd; this module turns an
+AttnProblem plus torch tensors into one launch. The compiled object is a TVM-FFI function
+that takes torch tensors directly and launches on torch's current stream (no host sync), so
+the per-call host cost is validation + a dict lookup + the FFI call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from .cache import KernelKey, compiled_cache
+from .problem import AttnProblem
+
+ARCH = "sm_90a"
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdKey(KernelKey):
+    """Everything that changes the generated code. Lengths and window values are runtime."""
+
+    arch: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    num_heads: int
+    num_heads_kv: int
+    has_left: bool
+    has_right: bool
+    has_softcap: bool
+    tile: tuple  # dataclasses.astuple(FwdTileConfig)
+
+
+def fwd_key(p: AttnProblem, arch: str = ARCH) -> FwdKey:
+    from .arch.sm90.tile_config import fwd_tile_config
+
+    cfg = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local)
+    return FwdKey(
+        arch=arch,
+        dtype=p.dtype,
+        head_dim=p.head_dim,
+        head_dim_v=p.head_dim_v,
+        num_heads=p.num_heads,
+        num_heads_kv=p.num_heads_kv,
+        has_left=p.window_left >= 0,
+        has_right=p.window_right >= 0,
+        has_softcap=p.softcap > 0.0,
+        tile=dataclasses.astuple(cfg),
+    )
+
+
+def _ensure_dsl_arch(arch: str) -> None:
+    # The DSL snapshots CUTE_DSL_ARCH at import; without a GPU it would default to sm_100a.
+    if "cutlass" not in __import__("sys").modules:
+        os.environ.setdefault("CUTE_DSL_ARCH", arch)
+
+
+@compiled_cache("sm90_fwd")
+def build_fwd(key: FwdKey):
+    _ensure_dsl_arch(key.arch)
+    from .arch.sm90.compile import FwdSpec, compile_fwd
+    from .arch.sm90.tile_config import FwdTileConfig
+
+    spec = FwdSpec(
+        dtype=key.dtype,
+        head_dim=key.head_dim,
+        head_dim_v=key.head_dim_v,
+        num_heads=key.num_heads,
+        num_heads_kv=key.num_heads_kv,
+        has_left=key.has_left,
+        has_right=key.has_right,
+        has_softcap=key.has_softcap,
+        config=FwdTileConfig(*key.tile),
+    )
+    # CUTE_ATTN_KEEP_ARTIFACTS=1 (set by `python -m cute_attn compile`) keeps PTX and cubin
+    keep = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1"
+    return compile_fwd(spec, "--keep-ptx --keep-cubin" if keep else "")
+
+
+def unsupported_reason(p: AttnProblem, tensors) -> str | None:
+    """Why the SM90 kernel cannot serve this problem, or None. Cheap: attribute reads only."""
+    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
+
+    if p.dtype not in ("bfloat16", "float16"):
+        return f"dtype {p.dtype} (kernels take float16/bfloat16)"
+    if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+        return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {SUPPORTED_HEAD_DIMS}"
+    if p.varlen or p.paged:
+        return "varlen/paged inputs are not served by the SM90 kernel yet"
+    if p.num_splits > 1:
+        return "num_splits > 1 (split-KV) is not implemented on SM90 yet"
+    for name, t in tensors:
+        if t.data_ptr() % 16:
+            return f"{name} data pointer is not 16-byte aligned (TMA requirement)"
+        if any(s % 8 for s in t.stride()[:-1]):
+            return f"{name} strides {tuple(t.stride())} are not multiples of 8 elements (TMA)"
+    return None
+
+
+def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    from .arch.sm90.flash_fwd import softmax_scales
+
+    b, sq, h, _ = q.shape
+    out = torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if b == 0 or sq == 0:
+        return out, lse
+    if p.seqlen_k == 0:  # no key at all: every row is empty (and TMA cannot map 0-size dims)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    fn = build_fwd(fwd_key(p))
+    scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
+    fn(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        scale_log2,
+        premul,
+        max(p.window_left, 0),
+        max(p.window_right, 0),
+    )
+    return out, lse

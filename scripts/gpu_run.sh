@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: environment info, the GPU tests, the forward benchmark.
+# Full logs go under $OUT (or ./out); the short tables come last on stdout.
+#   bash scripts/gpu_run.sh [pytest -k expression] [bench preset]
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+KEXPR=${1:-}
+PRESET=${2:-fwd-prefill}
+export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
+python3 -m cute_attn info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> "$OUT/info.txt" 2>&1
+args=(-m gpu -q -x --timeout=900 -p no:cacheprovider tests/test_fwd_sm90.py)
+[ -n "$KEXPR" ] && args+=(-k "$KEXPR")
+timeout 420 python3 -m pytest "${args[@]}" > "$OUT/gpu_tests.log" 2>&1
+rc=$?
+echo "== gpu tests rc=$rc"; tail -25 "$OUT/gpu_tests.log"
+if [ "$PRESET" != "none" ]; then
+  timeout 400 python3 -m cute_attn bench --preset "$PRESET" --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "== bench rc=$?"; tail -45 "$OUT/bench.log"
+fi
+exit $rc

@@ -1,0 +1,309 @@
+"""Tests of the command line (`python -m cute_attn ...`) and the benchmark's pure helpers.
+
+CPU only and fast: the commands run in subprocesses exactly as a user types them (one torch
+import each, a few seconds in all); FLOP counting, percentiles and table / ratio logic are
+checked in-process against brute force or independent formulas.
+
+Run: python -m pytest tests/test_cli.py -q
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from cute_attn import bench, cli
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cute_attn", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# commands
+# --------------------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command():
+    res = _run("--help")
+    assert res.returncode == 0, res.stderr
+    for cmd in ("info", "check", "bench", "compile"):
+        assert cmd in res.stdout
+
+
+def test_no_command_is_an_error():
+    res = _run()
+    assert res.returncode == 2
+    assert "required" in res.stderr
+
+
+def test_info_text(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    for label in ("cute_attn", "torch", "nvidia-cutlass-dsl", "apache-tvm-ffi", "device",
+                  "kernels", "cache dir", "cache entries"):  # fmt: skip
+        assert any(line.startswith(label + " ") for line in out.splitlines()), label
+    assert torch.__version__ in out
+
+
+def test_info_json_parses():
+    res = _run("info", "--json")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["torch"] == torch.__version__
+    assert Path(info["cute_attn_file"]).name == "__init__.py"
+    assert isinstance(info["kernels"], list)
+    if not torch.cuda.is_available():
+        assert info["device"] is None and info["kernels"] == []
+
+
+@NO_CUDA
+def test_check_quick_passes_on_cpu():
+    res = _run("check", "--quick")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [line for line in res.stdout.splitlines() if line.rstrip().endswith("PASS")]
+    assert len(rows) >= 20
+    # each kind of check ran: dense vs tiled, analytic backward, the public API on CPU
+    for kind in ("ref tiled fp64", "ref tiled fp32", "ref bwd fp64", "api cpu"):
+        assert any(r.startswith(kind) for r in rows), kind
+    assert "FAIL" not in res.stdout.replace("0 FAIL", "")
+    assert "no supported GPU found: checked the reference path only" in res.stdout
+
+
+@NO_CUDA
+def test_bench_without_gpu_says_so(tmp_path):
+    out = tmp_path / "b.json"
+    res = _run("bench", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "no CUDA GPU found: nothing to benchmark" in res.stdout
+    assert not out.exists()
+
+
+def test_bench_rejects_unknown_impl():
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["bench", "--impls", "nope"])
+    assert e.value.code == 2
+
+
+def _fake_aot(monkeypatch, variants):
+    import cute_attn
+
+    calls = []
+
+    def compile_variants(arch, head_dims, dtypes, progress):
+        calls.append((arch, head_dims, dtypes, progress))
+        return variants
+
+    mod = types.ModuleType("cute_attn.aot")
+    mod.compile_variants = compile_variants
+    monkeypatch.setitem(sys.modules, "cute_attn.aot", mod)
+    monkeypatch.setattr(cute_attn, "aot", mod, raising=False)
+    return calls
+
+
+def test_compile_empty_list(monkeypatch, capsys):
+    calls = _fake_aot(monkeypatch, [])
+    assert cli.main(["compile", "--arch", "sm_100a"]) == 0
+    assert "nothing to build for sm_100a yet" in capsys.readouterr().out
+    assert calls == [("sm_100a", None, None, True)]
+
+
+def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):
+    ok = dict(name="fwd_d128_bf16", arch="sm_90a", seconds=3.25, registers=168, spills=0,
+              instructions={"HGMMA": True, "UTMALDG": True, "USETMAXREG": False}, ok=True,
+              error=None)  # fmt: skip
+    calls = _fake_aot(monkeypatch, [ok])
+    assert cli.main(["compile", "--arch", "sm_90a", "--head-dims", "64", "128",
+                     "--dtypes", "bf16"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert calls == [("sm_90a", [64, 128], ["bf16"], True)]
+    line = next(x for x in out.splitlines() if x.startswith("fwd_d128_bf16"))
+    assert "3.2" in line and "168" in line and "HGMMA UTMALDG" in line
+    assert "missing: USETMAXREG" in line
+
+    bad = dict(ok, name="fwd_d256_bf16", ok=False, error="ptxas: too many resources")
+    _fake_aot(monkeypatch, [ok, bad])
+    assert cli.main(["compile", "--arch", "sm_90a"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: ptxas: too many resources" in out
+    assert "1/2 variants built" in out
+
+
+def test_max_abs_diff_treats_matching_infinities_as_equal():
+    ninf = float("-inf")
+    a = torch.tensor([1.0, ninf, 2.0])
+    assert cli._max_abs_diff(a, torch.tensor([1.5, ninf, 2.0])) == 0.5
+    assert cli._max_abs_diff(a, torch.tensor([1.0, 0.0, 2.0])) == math.inf
+    assert cli._max_abs_diff(a, torch.tensor([1.0, ninf, float("nan")])) == math.inf
+    assert cli._max_abs_diff(a, torch.zeros(2)) == math.inf  # shape mismatch
+
+
+# --------------------------------------------------------------------------------------------
+# FLOP / visible-pair counting
+# --------------------------------------------------------------------------------------------
+
+
+def _brute_pairs(sq: int, sk: int, causal: bool, window) -> int:
+    # The contract, written out independently: causal keeps j <= i + Sk - Sq; a window keeps
+    # [i + Sk - Sq - left, i + Sk - Sq + right]; None / -1 = unbounded; both intersect.
+    left, right = window
+    off = sk - sq
+    n = 0
+    for i in range(sq):
+        for j in range(sk):
+            if causal and j > i + off:
+                continue
+            if left is not None and left >= 0 and j < i + off - left:
+                continue
+            if right is not None and right >= 0 and j > i + off + right:
+                continue
+            n += 1
+    return n
+
+
+_SIZES = [(1, 1), (1, 13), (13, 1), (7, 7), (5, 9), (9, 5), (16, 3), (3, 16), (0, 4), (4, 0)]
+_WINDOWS = [(None, None), (-1, -1), (0, 0), (3, None), (None, 2), (2, 5), (0, None), (None, 0),
+            (20, 20), (1, -1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("sq,sk", _SIZES)
+def test_visible_pairs_matches_brute_force(sq, sk):
+    for causal, window in itertools.product((False, True), _WINDOWS):
+        got = bench.visible_pairs(sq, sk, causal, window)
+        assert got == _brute_pairs(sq, sk, causal, window), (sq, sk, causal, window)
+
+
+def test_visible_pairs_matches_reference_mask():
+    # Ties the bench's count to the package's one mask rule (cute_attn.reference.visible_mask).
+    from cute_attn.problem import normalize_window
+    from cute_attn.reference import visible_mask
+
+    windows = [(None, None), (11, 4), (0, None)]
+    for (sq, sk), causal, window in itertools.product([(37, 90), (90, 37)], (False, True), windows):
+        left, right = normalize_window(causal, window)
+        want = int(visible_mask(sq, sk, left, right).sum())
+        assert bench.visible_pairs(sq, sk, causal, window) == want
+
+
+def test_visible_pairs_closed_forms_at_scale():
+    s = 16384
+    assert bench.visible_pairs(s, s) == s * s
+    assert bench.visible_pairs(s, s, causal=True) == s * (s + 1) // 2
+    # decode: one query sees every key, causal or not (bottom-right alignment)
+    assert bench.visible_pairs(1, 32768, causal=True) == 32768
+    # Sq > Sk causal: the first Sq - Sk rows see nothing
+    assert bench.visible_pairs(4096, 1024, causal=True) == 1024 * 1025 // 2
+    # a (w, 0) window on a long sequence: every row but the first w sees w + 1 keys
+    w = 1024
+    assert bench.visible_pairs(s, s, window_size=(w, 0)) == (s - w) * (w + 1) + w * (w + 1) // 2
+
+
+def test_attention_flops():
+    b, h, sq, sk = 2, 3, 40, 70
+    pairs = bench.visible_pairs(sq, sk, True, (None, None))
+    assert bench.attention_flops(b, h, sq, sk, 128, causal=True) == 4 * b * h * 128 * pairs
+    assert bench.attention_flops(b, h, sq, sk, 192, 128, causal=True) == 2 * b * h * pairs * 320
+    fwd = bench.attention_flops(b, h, sq, sk, 64)
+    assert fwd == 4 * b * h * sq * sk * 64
+    assert bench.attention_flops(b, h, sq, sk, 64, mode="bwd") == fwd * 5 // 2
+    row = bench.Row("r", b, sq, sk, h, 1, 64, 64, causal=True)
+    assert row.flops == bench.attention_flops(b, h, sq, sk, 64, causal=True)
+    assert row.kv_bytes(2) == b * sk * 1 * 128 * 2
+
+
+# --------------------------------------------------------------------------------------------
+# timing statistics, presets, table
+# --------------------------------------------------------------------------------------------
+
+
+def test_median_p95():
+    assert bench.median_p95([3.0]) == (3.0, 3.0)
+    med, p95 = bench.median_p95(range(1, 21))  # 1..20
+    assert med == 10.5
+    assert p95 == pytest.approx(1 + 0.95 * 19)
+    rng = random.Random(0)
+    for n in (2, 5, 30, 31):
+        xs = [rng.lognormvariate(0, 1) for _ in range(n)]
+        med, p95 = bench.median_p95(xs)
+        assert med == pytest.approx(statistics.median(xs))
+        assert min(xs) <= med <= p95 <= max(xs)
+    with pytest.raises(ValueError):
+        bench.median_p95([])
+
+
+def test_median_p95_matches_numpy():
+    np = pytest.importorskip("numpy")
+    xs = [random.Random(1).random() for _ in range(37)]
+    xs = [x * (i + 1) for i, x in enumerate(xs)]
+    med, p95 = bench.median_p95(xs)
+    assert med == pytest.approx(float(np.percentile(xs, 50)))
+    assert p95 == pytest.approx(float(np.percentile(xs, 95)))
+
+
+def test_presets():
+    rows = bench.preset_rows("fwd-prefill")
+    assert len(rows) == 18
+    for r in rows:
+        assert r.batch * r.seqlen_q == 16384 and r.heads * r.head_dim == 2048
+    assert {r.head_dim for r in rows} == {64, 128, 256}
+    assert {r.causal for r in rows} == {False, True}
+    dec = bench.preset_rows("decode")
+    assert [(r.batch, r.seqlen_k) for r in dec] == [(1, 32768), (8, 8192), (64, 8192),
+                                                    (128, 2048)]  # fmt: skip
+    assert all(r.seqlen_q == 1 and (r.heads, r.heads_kv) == (32, 8) and r.metric == "tbps"
+               for r in dec)  # fmt: skip
+    full = bench.preset_rows("full")
+    assert len({r.name for r in full}) == len(full)  # names are unique row keys
+    assert any(r.mode == "bwd" for r in full)
+    assert any(r.seqlen_q != r.seqlen_k and r.causal for r in full)
+    assert any(r.heads_kv == 1 for r in full) and any(r.head_dim_v != r.head_dim for r in full)
+    assert any(r.has_window for r in full)
+    with pytest.raises(ValueError):
+        bench.preset_rows("nope")
+
+
+def test_ratios_and_table():
+    res = [
+        dict(row="r1", impl="cute_attn", status="ok", median_ms=1.0, p95_ms=1.2, tflops=500.0),
+        dict(row="r1", impl="fa4", status="ok", median_ms=1.5, p95_ms=1.6, tflops=333.0),
+        dict(row="r1", impl="sdpa-cudnn", status="ok", median_ms=1.2, p95_ms=1.3, tflops=416.0),
+        dict(row="r1", impl="sdpa-flash", status="skip", note="SDPA has no softcap"),
+        dict(row="r2", impl="cute_attn", status="error", note="RuntimeError: boom"),
+        dict(row="r2", impl="sdpa-flash", status="ok", median_ms=2.0, p95_ms=2.1, tflops=1.0,
+             tbps=3.5, max_err=1e-3),
+    ]  # fmt: skip
+    bench._add_ratios(res)
+    assert res[0]["vs_best"] == pytest.approx(1.2)  # best baseline (cuDNN 1.2 ms) / 1.0 ms
+    assert res[1]["vs_best"] == pytest.approx(1.2 / 1.5)
+    assert "vs_best" not in res[5]  # no baseline measured on r2
+    table = bench.format_table(res)
+    assert "1.20x" in table and "skip: SDPA has no softcap" in table
+    assert "error: RuntimeError: boom" in table and "3.50 TB/s" in table
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    res = [
+        dict(row="r1", impl="cute_attn", status="ok", median_ms=1.0, tflops=500.0),
+        dict(row="r1", impl="fa4", status="ok", median_ms=1.5, tflops=333.0),
+        dict(row="d1", impl="fa4", status="ok", median_ms=0.1, tflops=1.0, tbps=3.0),
+    ]
+    path = tmp_path / "b.png"
+    bench.plot(res, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
