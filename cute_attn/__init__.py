@@ -5,17 +5,32 @@ Public API (every entry point returns `(out, lse)`):
 
 Layout is (batch, seq, heads, dim) -- NOT SDPA's (batch, heads, seq, dim); a transposed input
 of compatible sizes cannot always be detected. See docs/contract.md.
+
+Attributes load lazily so that `python -m cute_attn --help` and the cache module do not pay
+for importing torch.
 """
 
 __version__ = "0.1.0"
 
-from .api import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
-from .dispatch import last_dispatch
+_API = {
+    "flash_attn_func": "api",
+    "flash_attn_varlen_func": "api",
+    "flash_attn_with_kvcache": "api",
+    "last_dispatch": "dispatch",
+}
 
-__all__ = [
-    "__version__",
-    "flash_attn_func",
-    "flash_attn_varlen_func",
-    "flash_attn_with_kvcache",
-    "last_dispatch",
-]
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name):
+    if name in _API:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_API[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cute_attn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -587,17 +587,21 @@ def _add_ratios(results: list[dict]) -> None:
             r["vs_best"] = by_row[r["row"]] / r["median_ms"]
 
 
-def plot(results: list[dict], path: Path) -> None:
+def plot(results: list[dict], path: Path) -> bool:
+    """Bars per row per impl (TFLOP/s; TB/s for decode rows); False if nothing to draw."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [(m, [r for r in results if r["status"] == "ok" and (m in r) == (m == "tbps")])
-              for m in ("tflops", "tbps")]  # fmt: skip
+    ok = [r for r in results if r["status"] == "ok"]
+    groups = [
+        ("tflops", [r for r in ok if "tbps" not in r]),
+        ("tbps", [r for r in ok if "tbps" in r]),
+    ]
     groups = [(m, rs) for m, rs in groups if rs]
     if not groups:
-        return
+        return False
     fig, axes = plt.subplots(len(groups), 1, figsize=(16, 5.5 * len(groups)), squeeze=False)
     for ax, (metric, rs) in zip(axes[:, 0], groups):
         rows = list(dict.fromkeys(r["row"] for r in rs))
@@ -616,6 +620,7 @@ def plot(results: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 class _Progress:
@@ -668,6 +673,9 @@ def run_bench(args) -> int:
     print(f"{env['device']} ({env['capability']}), torch {env['torch']}, CUDA {env['torch_cuda']}"
           f", {len(rows)} rows x {len(impls)} impls", file=sys.stderr)  # fmt: skip
     results: list[dict] = []
+    out = Path(args.out)
+    payload = {"environment": env, "preset": args.preset, "dtype": args.dtype,
+               "reps": args.reps, "warmup": args.warmup}  # fmt: skip
     progress = _Progress(len(rows) * len(impls))
     try:
         for row in rows:
@@ -682,7 +690,8 @@ def run_bench(args) -> int:
             except Exception as e:  # noqa: BLE001 - e.g. out of memory: record, keep going
                 for impl in impls:
                     results.append({"row": row.name, "impl": impl, "status": "error",
-                                    "note": f"setup: {type(e).__name__}: {e}"[:500]})  # fmt: skip
+                                    "note": f"setup: {type(e).__name__}: {e}"[:500],
+                                    **_row_meta(row, dtype)})  # fmt: skip
                     progress.step(f"{row.name} {impl}")
                 continue
             for impl in impls:
@@ -697,21 +706,28 @@ def run_bench(args) -> int:
                 torch.cuda.empty_cache()
             del sets, ref
             torch.cuda.empty_cache()
+            _save(out, payload, results)
     finally:
         progress.close()
-    _add_ratios(results)
-    out = Path(args.out)
-    payload = {"environment": env, "preset": args.preset, "dtype": args.dtype,
-               "reps": args.reps, "warmup": args.warmup, "results": results}  # fmt: skip
-    out.write_text(json.dumps(payload, indent=1, default=str))
+    _save(out, payload, results)
+    wrote = [str(out)]
     if not args.no_plot:
         try:
-            plot(results, out.with_suffix(".png"))
+            if plot(results, out.with_suffix(".png")):
+                wrote.append(str(out.with_suffix(".png")))
         except Exception as e:  # noqa: BLE001 - e.g. matplotlib missing: the JSON is what counts
             print(f"plot skipped: {type(e).__name__}: {e}", file=sys.stderr)
     print(format_table(results))
-    print(f"wrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+    print("wrote " + " and ".join(wrote))
     return 0
+
+
+def _save(path: Path, payload: dict, results: list[dict]) -> None:
+    # Rewritten after every row (atomically), so a crash or a killed run keeps what it measured.
+    _add_ratios(results)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**payload, "results": results}, indent=1, default=str))
+    tmp.replace(path)
 
 
 def _row_meta(row: Row, dtype) -> dict:

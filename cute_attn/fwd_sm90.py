@@ -9,7 +9,9 @@ the per-call host cost is validation + a dict lookup + the FFI call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import sys
 
 import torch
 
@@ -36,32 +38,44 @@ class FwdKey(KernelKey):
 
 
 def fwd_key(p: AttnProblem, arch: str = ARCH) -> FwdKey:
+    return _fwd_key(
+        arch, p.dtype, p.head_dim, p.head_dim_v, p.num_heads, p.num_heads_kv,
+        p.window_left >= 0, p.window_right >= 0, p.softcap > 0.0, p.causal, p.is_local,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
+    # memoized: the tuning-table lookup and key construction stay off the per-call path
     from .arch.sm90.tile_config import fwd_tile_config
 
-    cfg = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local)
+    cfg = fwd_tile_config(d, dv, causal, local)
     return FwdKey(
         arch=arch,
-        dtype=p.dtype,
-        head_dim=p.head_dim,
-        head_dim_v=p.head_dim_v,
-        num_heads=p.num_heads,
-        num_heads_kv=p.num_heads_kv,
-        has_left=p.window_left >= 0,
-        has_right=p.window_right >= 0,
-        has_softcap=p.softcap > 0.0,
+        dtype=dtype,
+        head_dim=d,
+        head_dim_v=dv,
+        num_heads=h,
+        num_heads_kv=hkv,
+        has_left=has_left,
+        has_right=has_right,
+        has_softcap=has_softcap,
         tile=dataclasses.astuple(cfg),
     )
 
 
 def _ensure_dsl_arch(arch: str) -> None:
     # The DSL snapshots CUTE_DSL_ARCH at import; without a GPU it would default to sm_100a.
-    if "cutlass" not in __import__("sys").modules:
+    # This must happen before the disk cache's loader imports cutlass, hence at module import.
+    if "cutlass" not in sys.modules:
         os.environ.setdefault("CUTE_DSL_ARCH", arch)
+
+
+_ensure_dsl_arch(ARCH)
 
 
 @compiled_cache("sm90_fwd")
 def build_fwd(key: FwdKey):
-    _ensure_dsl_arch(key.arch)
     from .arch.sm90.compile import FwdSpec, compile_fwd
     from .arch.sm90.tile_config import FwdTileConfig
 

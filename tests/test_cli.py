@@ -304,6 +304,10 @@ def test_plot_writes_png(tmp_path):
         dict(row="r1", impl="fa4", status="ok", median_ms=1.5, tflops=333.0),
         dict(row="d1", impl="fa4", status="ok", median_ms=0.1, tflops=1.0, tbps=3.0),
     ]
-    path = tmp_path / "b.png"
-    bench.plot(res, path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = b"\x89PNG\r\n\x1a\n"
+    for name, rows in (("both", res), ("tflops", res[:2]), ("tbps", res[2:])):
+        path = tmp_path / f"{name}.png"
+        bench.plot(rows, path)
+        assert path.read_bytes()[:8] == png, name
+    bench.plot([dict(row="r", impl="fa4", status="error", note="x")], tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()  # nothing measured: no empty figure

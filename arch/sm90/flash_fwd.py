@@ -394,8 +394,9 @@ class FlashFwdSm90:
                     tma_bar_ptr=pipe_v.producer_get_barrier(kv_state),
                 )
                 kv_state.advance()
-            # do not exit while consumers may still wait on barriers this warp must not orphan
-            pipe_k.producer_tail(kv_state)
+            # wait for the last releases before exiting; producer_tail advances the state it
+            # is given, so each pipeline gets its own copy
+            pipe_k.producer_tail(kv_state.clone())
             pipe_v.producer_tail(kv_state)
 
     # ------------------------------------------------------------------ consumer role
@@ -520,8 +521,9 @@ class FlashFwdSm90:
                 self._sched_wait(wg)
                 self._sched_arrive(wg)
         if cutlass.const_expr(self.use_pingpong):
-            # warpgroup 1 owes warpgroup 0 nothing more; drain the pre-arrive of warpgroup 0
-            if wg == 1:
+            # warpgroup 1's last arrive on warpgroup 0's barrier has no partner yet: complete it
+            # so no named barrier is left half-arrived
+            if wg == 0:
                 self._sched_wait(wg)
 
         lse = softmax.finalize(acc_o)
