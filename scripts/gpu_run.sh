@@ -15,7 +15,7 @@ timeout 420 python3 -m pytest "${args[@]}" > "$OUT/gpu_tests.log" 2>&1
 rc=$?
 echo "== gpu tests rc=$rc"; tail -25 "$OUT/gpu_tests.log"
 if [ "$PRESET" != "none" ]; then
-  timeout 400 python3 -m cute_attn bench --preset "$PRESET" --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  timeout 400 python3 -m cute_attn bench --preset "$PRESET" --out "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "== bench rc=$?"; tail -45 "$OUT/bench.log"
 fi
 exit $rc
