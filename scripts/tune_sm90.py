@@ -1,0 +1,115 @@
+"""Measure SM90 forward tile-config variants against each other on the GPU, in one process.
+
+Each variant is a FwdTileConfig override (tile_n, num_stages, pingpong, intra_wg_overlap,
+rescale_threshold, ...) compiled through the same cached builder the library uses; each is
+first checked against the fp32 reference on a small odd-sized problem, then timed with CUDA
+events (median and p95 of --reps after warm-up, inputs rotated past L2).
+
+    python scripts/tune_sm90.py --out tune.json \
+        --variant base= --variant tn176=tile_n=176 --variant nopp=pingpong=False
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+
+import torch
+
+from cute_attn.arch.sm90.flash_fwd import softmax_scales
+from cute_attn.arch.sm90.tile_config import FwdTileConfig, fwd_tile_config
+from cute_attn.bench import visible_pairs
+from cute_attn.fwd_sm90 import FwdKey, build_fwd
+from cute_attn.reference import attention_ref
+
+SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal)
+    "d128-16k": (1, 16384, 16, 128, False),
+    "d128-16k-causal": (1, 16384, 16, 128, True),
+    "d128-4k": (4, 4096, 16, 128, False),
+    "d128-1k-causal": (16, 1024, 16, 128, True),
+    "d64-16k": (1, 16384, 32, 64, False),
+    "d256-16k": (1, 16384, 8, 256, False),
+    "d256-16k-causal": (1, 16384, 8, 256, True),
+}
+
+
+def parse_override(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        k, v = item.split("=")
+        out[k] = {"True": True, "False": False}.get(v, None)
+        if out[k] is None:
+            out[k] = float(v) if "." in v else int(v)
+    return out
+
+
+def run(fn_key, q, k, v, causal, scale):
+    fn = build_fwd(fn_key)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda", dtype=torch.float32)
+    s_log2, premul = softmax_scales(scale, 0.0)
+    fn(q, k, v, out, lse, s_log2, premul, 0, 0)
+    return out, lse
+
+
+def key_for(d, h, causal, cfg):
+    return FwdKey("sm_90a", "bfloat16", d, d, h, h, False, causal, False, dataclasses.astuple(cfg))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", action="append", default=[], help="name=overrides")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default="tune.json")
+    args = ap.parse_args()
+    variants = [v.split("=", 1) for v in (args.variant or ["base="])]
+    rows = []
+    for shape in args.shapes.split(","):
+        b, s, h, d, causal = SHAPES[shape]
+        base = fwd_tile_config(d, d, causal, False)
+        n_sets = max(1, (200 << 20) // (3 * b * s * h * d * 2))
+        sets = [[torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+                for _ in range(n_sets)]  # fmt: skip
+        small = [torch.randn(2, 333, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        ref, _ = attention_ref(*small, causal=causal)
+        flops = 4 * b * h * d * visible_pairs(s, s, causal)
+        for name, ov in variants:
+            try:
+                cfg = dataclasses.replace(base, **parse_override(ov))
+                key = key_for(d, h, causal, cfg)
+                o, _ = run(key, *small, causal, d**-0.5)
+                err = (o.float() - ref).abs().max().item()
+                for i in range(5):
+                    run(key, *sets[i % n_sets], causal, d**-0.5)
+                times = []
+                for i in range(args.reps):
+                    st, en = torch.cuda.Event(True), torch.cuda.Event(True)
+                    st.record()
+                    run(key, *sets[i % n_sets], causal, d**-0.5)
+                    en.record()
+                    en.synchronize()
+                    times.append(st.elapsed_time(en))
+                times.sort()
+                med = statistics.median(times)
+                row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg), err=err,
+                           median_ms=med, p95_ms=times[int(0.95 * (len(times) - 1))],
+                           tflops=flops / med / 1e9)  # fmt: skip
+            except Exception as e:
+                row = dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    json.dump(rows, open(args.out, "w"), indent=1)
+    print(f"\n{'shape':<18} {'variant':<12} {'ms':>8} {'p95':>8} {'TFLOP/s':>8} {'err':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:<18} {r['variant']:<12} ERROR {r['error'][:60]}")
+        else:
+            print(f"{r['shape']:<18} {r['variant']:<12} {r['median_ms']:8.3f} {r['p95_ms']:8.3f} "
+                  f"{r['tflops']:8.1f} {r['err']:9.2e}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
