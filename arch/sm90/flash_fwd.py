@@ -117,12 +117,8 @@ class FlashFwdSm90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
-        # ping-pong pairs the warpgroups; with overlap it pays only for D <= 128 (two full
-        # S tiles plus O must stay in registers; at D > 128 the barrier waits dominate).
+        # ping-pong pairs exactly two consumer warpgroups (the tuning table decides when)
         self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups == 2
-        self.use_pingpong = self.use_pingpong and (
-            not cfg.intra_wg_overlap or self.head_dim <= 128
-        )
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit

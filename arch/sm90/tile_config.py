@@ -60,7 +60,9 @@ def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -
         # Not yet measured: 128x128, 2 stages (160 KiB smem at D=128).
         return FwdTileConfig(tile_n=128)
     if head_dim <= 192:
-        # Not yet measured: 112 keeps 2 K/V stages inside 227 KiB at D=192.
-        return FwdTileConfig(tile_n=112 if head_dim_v > 128 else 128)
+        # Not yet measured: 112 keeps 2 K/V stages inside 227 KiB at D=192; ping-pong off as
+        # for D=256.
+        return FwdTileConfig(tile_n=112 if head_dim_v > 128 else 128, pingpong=False)
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
-    return FwdTileConfig(tile_n=80)
+    # Ping-pong off: not yet measured here (FA3 turns it off above D=128).
+    return FwdTileConfig(tile_n=80, pingpong=False)
