@@ -19,7 +19,7 @@ import statistics
 import torch
 
 from cute_attn.arch.sm90.flash_fwd import softmax_scales
-from cute_attn.arch.sm90.tile_config import FwdTileConfig, fwd_tile_config
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
 from cute_attn.bench import visible_pairs
 from cute_attn.fwd_sm90 import FwdKey, build_fwd
 from cute_attn.reference import attention_ref
@@ -92,14 +92,14 @@ def main():
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
         for rep in range(args.reps):
-            for name, cfg, key, err, times in live:
+            for _name, _cfg, key, _err, times in live:
                 st, en = torch.cuda.Event(True), torch.cuda.Event(True)
                 st.record()
                 run(key, *sets[rep % n_sets], causal, d**-0.5)
                 en.record()
                 en.synchronize()
                 times.append(st.elapsed_time(en))
-        for name, cfg, key, err, times in live:
+        for name, cfg, _key, err, times in live:
             times.sort()
             med = statistics.median(times)
             row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg), err=err,
