@@ -311,3 +311,62 @@ def test_plot_writes_png(tmp_path):
         assert path.read_bytes()[:8] == png, name
     bench.plot([dict(row="r", impl="fa4", status="error", note="x")], tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()  # nothing measured: no empty figure
+
+
+# --------------------------------------------------------------------------------------------
+# implementation plumbing (layouts, masks, GQA) on CPU tensors
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_candidates_match_reference(causal):
+    # Each SDPA candidate (enable_gqa, and the untimed repeat_interleave fallback) must compute
+    # the package's semantics from (B, S, H, D) inputs, bottom-right causal included (Sq < Sk).
+    from cute_attn.reference import attention_ref
+
+    row = bench.Row("r", 2, 5, 11, 6, 2, 16, 16, causal=causal)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*s, generator=g) for s in ((2, 5, 6, 16), (2, 11, 2, 16),
+                                                      (2, 11, 2, 16)))  # fmt: skip
+    want, _ = attention_ref(q, k, v, causal=causal)
+    cands, ctx = bench._build_sdpa("sdpa-flash", row, q, k, v)
+    assert [c[0] for c in cands] == ["enable_gqa", "kv repeat_interleave (untimed)"]
+    assert cands[1][2][0].shape == (2, 11, 6, 16)  # expanded K in (B, S, H, D)
+    for note, fn, _ in cands:
+        torch.testing.assert_close(fn(), want, atol=1e-5, rtol=1e-5, msg=note)
+    assert callable(ctx)
+
+
+def test_sdpa_skips_what_it_cannot_express():
+    q = k = v = torch.zeros(1, 4, 2, 8)
+    for row in (bench.Row("w", 1, 4, 4, 2, 2, 8, 8, window=(2, 0)),
+                bench.Row("c", 1, 4, 4, 2, 2, 8, 8, softcap=5.0)):  # fmt: skip
+        with pytest.raises(bench.Skip):
+            bench._build_sdpa("sdpa-cudnn", row, q, k, v)
+
+
+def test_fa4_candidates(monkeypatch):
+    # FA4's SM90 path asserts on num_splits != 1, so the split heuristic (num_splits=0) is tried
+    # first and FA4's own default second; FA4 keyword names are passed, never positions.
+    calls = []
+
+    def fake_fa4(q, k, v, qv=None, softmax_scale=None, causal=False, window_size=(None, None),
+                 softcap=0.0, num_splits=1, return_lse=False):  # fmt: skip
+        calls.append(dict(causal=causal, window_size=window_size, softcap=softcap,
+                          num_splits=num_splits, return_lse=return_lse))  # fmt: skip
+        return q, None
+
+    monkeypatch.setattr(bench, "_fa4_func", lambda: fake_fa4)
+    row = bench.Row("r", 1, 4, 4, 2, 2, 8, 8, causal=True, window=(3, None), softcap=2.0)
+    x = torch.zeros(1, 4, 2, 8)
+    cands, _ = bench._build_fa4(row, x, x, x)
+    assert [c[0] for c in cands] == ["num_splits=0", ""]
+    for _, fn, _ in cands:
+        assert fn() is x
+    assert calls == [
+        dict(causal=True, window_size=(3, None), softcap=2.0, num_splits=0, return_lse=True),
+        dict(causal=True, window_size=(3, None), softcap=2.0, num_splits=1, return_lse=True),
+    ]
+    monkeypatch.setattr(bench, "_fa4_func", lambda: None)
+    with pytest.raises(bench.Skip):
+        bench._build_fa4(row, x, x, x)

@@ -49,20 +49,29 @@ SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (
 
 
 def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> FwdTileConfig:
-    """The tuning table. Inputs are static problem features only (never lengths)."""
+    """The tuning table. Inputs are static problem features only (never lengths).
+
+    Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
+    one process, 40 reps each) and docs/perf/README.md.
+    """
     if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
     if head_dim <= 64:
-        # Not yet measured: FA3's published choice for D=64 is a wider N tile; 128 keeps
-        # registers low for the first correct version.
-        return FwdTileConfig(tile_n=128)
+        # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
+        # tile_n 192: 427, and 3 consumer warpgroups (192 x 128): 386 (tune_d64_tiles.json).
+        return FwdTileConfig(tile_n=128, pingpong=False)
     if head_dim <= 128:
-        # Not yet measured: 128x128, 2 stages (160 KiB smem at D=128).
+        # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
+        # (16k: 615 on / 626 off; 1k causal: 292 on / 283 off): kept on. 3 stages: no gain
+        # (618 vs 655 in a sequential run). tile_n 176 spills (registers > 240).
         return FwdTileConfig(tile_n=128)
     if head_dim <= 192:
-        # Not yet measured: 112 keeps 2 K/V stages inside 227 KiB at D=192; ping-pong off as
-        # for D=256.
-        return FwdTileConfig(tile_n=112 if head_dim_v > 128 else 128, pingpong=False)
+        # Not measured: 112 keeps 2 K/V stages inside 227 KiB at D=192; overlap and
+        # ping-pong off as measured for D=256 (same register pressure class).
+        return FwdTileConfig(
+            tile_n=112 if head_dim_v > 128 else 128, pingpong=False, intra_wg_overlap=False
+        )
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
-    # Ping-pong off: not yet measured here (FA3 turns it off above D=128).
-    return FwdTileConfig(tile_n=80, pingpong=False)
+    # Overlap off: 672 vs 617 TFLOP/s at 16k, 649 vs 602 causal (O is 128 registers/thread,
+    # two live S tiles do not pay); ping-pong neutral (616 vs 617): off.
+    return FwdTileConfig(tile_n=80, pingpong=False, intra_wg_overlap=False)
