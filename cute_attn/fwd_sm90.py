@@ -91,8 +91,18 @@ def build_fwd(key: FwdKey):
         config=FwdTileConfig(*key.tile),
     )
     # CUTE_ATTN_KEEP_ARTIFACTS=1 (set by `python -m cute_attn compile`) keeps PTX and cubin
-    keep = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1"
-    return compile_fwd(spec, "--keep-ptx --keep-cubin" if keep else "")
+    options = ""
+    if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":
+        # the DSL writes the kept files next to the working directory unless told otherwise
+        options = f"--keep-ptx --keep-cubin --dump-dir={_dump_dir()}"
+    return compile_fwd(spec, options)
+
+
+@functools.cache
+def _dump_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="cute_attn_artifacts_")
 
 
 def unsupported_reason(p: AttnProblem, tensors) -> str | None:

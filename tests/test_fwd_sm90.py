@@ -148,7 +148,9 @@ print(json.dumps(rows))
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dims,dtypes", [("64,128", "bf16"), ("96,192,256", "fp16")])
+@pytest.mark.parametrize(
+    "head_dims,dtypes", [("64,96,128,192,256", "bf16"), ("64,96,128,192,256", "fp16")]
+)
 def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))
     res = subprocess.run(
