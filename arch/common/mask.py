@@ -93,5 +93,7 @@ class TileMask(DslStruct):
                 lo = row + offset - self.window_left - col0
             for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 col = c[0, j][1]
-                if col >= hi or col < lo:
-                    s[r, j] = -Float32.inf
+                # a select, not a conditional store: a store under `if` into a register
+                # array made the compiler emit a select chain quadratic in the row length
+                outside = (col >= hi) | (col < lo)
+                s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))

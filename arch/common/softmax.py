@@ -70,13 +70,11 @@ class OnlineSoftmax(DslStruct):
                     # keep the old max while the growth is small (and the old max is finite)
                     keep = (m_new - m_old) * self.scale_log2 <= self.rescale_threshold
                     m_new = m_old if keep else m_new
-                m_old_safe = m_old if m_old != -Float32.inf else m_new
-                m_cur_safe = m_new if m_new != -Float32.inf else Float32(0.0)
-                row_scale[r] = cute.math.exp2(
-                    (m_old_safe - m_cur_safe) * self.scale_log2, fastmath=True
-                )
-                if m_old == -Float32.inf:
-                    row_scale[r] = Float32(0.0)
+                m_cur_safe = Float32(cutlass.select_(m_new == -Float32.inf, 0.0, m_new))
+                scale = cute.math.exp2((m_old - m_cur_safe) * self.scale_log2, fastmath=True)
+                # m_old = -inf: nothing accumulated yet (exp2(-inf) is 0 already; the select
+                # keeps NaN out when m_new is -inf too)
+                row_scale[r] = Float32(cutlass.select_(m_old == -Float32.inf, 0.0, scale))
             self.row_max[r] = m_new
             m_scaled = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
@@ -102,13 +100,12 @@ class OnlineSoftmax(DslStruct):
         lse = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
             l_row = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=4)
-            empty = l_row == 0.0 or l_row != l_row
-            inv = cute.arch.rcp_approx(l_row if not empty else Float32(1.0))
-            inv = inv if not empty else Float32(0.0)
+            empty = (l_row == 0.0) | (l_row != l_row)
+            inv = cute.arch.rcp_approx(Float32(cutlass.select_(empty, 1.0, l_row)))
+            inv = Float32(cutlass.select_(empty, 0.0, inv))
             m_row = self.row_max[r]
-            lse[r] = (m_row * self.scale_log2 + cute.math.log2(l_row, fastmath=True)) * LN2
-            if empty:
-                lse[r] = -Float32.inf
+            lse_r = (m_row * self.scale_log2 + cute.math.log2(l_row, fastmath=True)) * LN2
+            lse[r] = Float32(cutlass.select_(empty, -Float32.inf, lse_r))
             for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
                 o[r, c] = o[r, c] * inv
         return lse
