@@ -9,7 +9,7 @@ PRESET=${2:-fwd-prefill}
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 python3 -m cute_attn info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> "$OUT/info.txt" 2>&1
-args=(-m gpu -q -x --timeout=900 -p no:cacheprovider tests/test_fwd_sm90.py)
+args=(-m gpu -q -x -p no:cacheprovider tests/test_fwd_sm90.py)
 [ -n "$KEXPR" ] && args+=(-k "$KEXPR")
 timeout 420 python3 -m pytest "${args[@]}" > "$OUT/gpu_tests.log" 2>&1
 rc=$?
