@@ -28,6 +28,8 @@ import time
 import warnings
 from pathlib import Path
 
+from .problem import normalize_window
+
 ALL_IMPLS = ("cute_attn", "fa4", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # The "vs best" column divides the faster of these by each impl's median.
 BASELINE_IMPLS = ("fa4", "sdpa-cudnn")
@@ -52,16 +54,6 @@ def _sum_clamped(n: int, c: int, lo: int, hi: int) -> int:
     return i0 * lo + (n - i1) * hi + mid * c + (i0 + i1 - 1) * mid // 2
 
 
-def _norm_window(causal: bool, window_size) -> tuple[int, int]:
-    # Same rule as cute_attn.problem.normalize_window, repeated so this stays torch-free.
-    left, right = window_size if window_size is not None else (None, None)
-    left = -1 if left is None or left < 0 else int(left)
-    right = -1 if right is None or right < 0 else int(right)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
-
-
 def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(None, None)):
     """Exact number of (i, j) pairs with key j visible to query i (bottom-right aligned mask).
 
@@ -70,7 +62,7 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, window_siz
     which is exact even when the band misses [0, Sk) entirely; summing both clamps in closed
     form makes this O(1) for any sequence length.
     """
-    left, right = _norm_window(causal, window_size)
+    left, right = normalize_window(causal, window_size or (None, None))
     off = seqlen_k - seqlen_q
     if right >= 0:
         hi_sum = _sum_clamped(seqlen_q, off + right, -1, seqlen_k - 1)

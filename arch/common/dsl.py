@@ -31,6 +31,8 @@ class DslStruct:
         new = copy.copy(self)
         pos = 0
         for name, n in zip(self._dynamic_, self._value_counts):
-            setattr(new, name, cutlass.new_from_mlir_values(getattr(self, name), values[pos : pos + n]))
+            setattr(
+                new, name, cutlass.new_from_mlir_values(getattr(self, name), values[pos : pos + n])
+            )
             pos += n
         return new

@@ -8,7 +8,6 @@ RS wgmma. Both are pure re-views (no data movement); they are layout algebra don
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 
 

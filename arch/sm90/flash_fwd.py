@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -72,7 +71,7 @@ def _roles_for(num_mma_warpgroups: int) -> FwdRoles:
     )
 
 
-def _smem_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None):
+def _smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None):
     """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile."""
     atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols)
     atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
@@ -84,7 +83,7 @@ def _smem_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int
 class FlashFwdSm90:
     def __init__(
         self,
-        dtype: Type[cutlass.Numeric],
+        dtype: type[cutlass.Numeric],
         head_dim: int,
         head_dim_v: int,
         qhead_per_kvhead: int,
@@ -347,8 +346,12 @@ class FlashFwdSm90:
         n_max: Int32,
     ):
         head_kv = head // self.qhead_per_kvhead
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        gQ = cute.local_tile(
+            mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0)
+        )
+        gK = cute.local_tile(
+            mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0)
+        )
         gV = cute.local_tile(
             mV[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0)
         )
@@ -485,16 +488,15 @@ class FlashFwdSm90:
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
                 pipe_v.consumer_wait(v_state)
-                if cutlass.const_expr(not self.config.intra_wg_overlap):
-                    # no overlap: finish P(j-1) V(j-1) before softmax(j) touches O
-                    self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+                self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+                if cutlass.const_expr(self.config.intra_wg_overlap):
+                    self._sched_arrive(wg)
+                    warpgroup.wait_group(1)  # S(j) done; P(j-1) V(j-1) may still run
+                    pipe_k.consumer_release(kv_state)
+                else:
+                    # no overlap: P(j-1) V(j-1) completes before softmax(j) rescales O
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
-                else:
-                    self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
-                    self._sched_arrive(wg)
-                    warpgroup.wait_group(1)  # S(j) done, P(j-1) V(j-1) may still run
-                    pipe_k.consumer_release(kv_state)
                 self._scores(acc_s, score_premul)
                 if mask.tile_needs_mask(m_block, n_block):
                     mask.apply(acc_s, tScS, m_block, n_block)
@@ -611,9 +613,7 @@ class FlashFwdSm90:
     @cute.jit
     def _sched_wait(self, wg: Int32):
         if cutlass.const_expr(self.use_pingpong):
-            cute.arch.barrier(
-                barrier_id=self.roles.bar_sched_first + wg, number_of_threads=2 * 128
-            )
+            cute.arch.barrier(barrier_id=self.roles.bar_sched_first + wg, number_of_threads=2 * 128)
 
     @cute.jit
     def _sched_arrive(self, wg: Int32):
