@@ -79,18 +79,8 @@ def build_fwd(key: FwdKey):
     from .arch.sm90.compile import FwdSpec, compile_fwd
     from .arch.sm90.tile_config import FwdTileConfig
 
-    spec = FwdSpec(
-        dtype=key.dtype,
-        head_dim=key.head_dim,
-        head_dim_v=key.head_dim_v,
-        num_heads=key.num_heads,
-        num_heads_kv=key.num_heads_kv,
-        has_left=key.has_left,
-        has_right=key.has_right,
-        has_softcap=key.has_softcap,
-        config=FwdTileConfig(*key.tile),
-    )
-    # CUTE_ATTN_KEEP_ARTIFACTS=1 (set by `python -m cute_attn compile`) keeps PTX and cubin
+    fields = {f.name for f in dataclasses.fields(FwdSpec)} - {"config"}
+    spec = FwdSpec(**{name: getattr(key, name) for name in fields}, config=FwdTileConfig(*key.tile))
     options = ""
     if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":
         # the DSL writes the kept files next to the working directory unless told otherwise

@@ -257,30 +257,21 @@ class FlashFwdSm90:
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         # TmaAsync consumers release once per warp
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.num_mma_threads // 32)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(),
-            num_stages=1,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.tx_bytes_q,
-            defer_sync=True,
-        )
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_k.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.tx_bytes_k,
-            defer_sync=True,
-        )
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.tx_bytes_v,
-            defer_sync=True,
-        )
+
+        def tma_pipeline(mbar, stages, tx_bytes):
+            # barriers are initialized here by warp 0; the init fence and CTA sync follow below
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=mbar.data_ptr(),
+                num_stages=stages,
+                producer_group=producer,
+                consumer_group=consumers,
+                tx_count=tx_bytes,
+                defer_sync=True,
+            )
+
+        pipe_q = tma_pipeline(storage.mbar_q, 1, self.tx_bytes_q)
+        pipe_k = tma_pipeline(storage.mbar_k, self.num_stages, self.tx_bytes_k)
+        pipe_v = tma_pipeline(storage.mbar_v, self.num_stages, self.tx_bytes_v)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
