@@ -129,15 +129,10 @@ def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
         return out, lse
     fn = build_fwd(fwd_key(p))
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
-    fn(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        scale_log2,
-        premul,
-        max(p.window_left, 0),
-        max(p.window_right, 0),
-    )
+    args = (q, k, v, out, lse, scale_log2, premul, max(p.window_left, 0), max(p.window_right, 0))
+    if q.device.index == torch.cuda.current_device():
+        fn(*args)  # launches on torch's current stream of the current device
+    else:
+        with torch.cuda.device(q.device):  # the launch (and its stream) must be q's device
+            fn(*args)
     return out, lse
