@@ -28,6 +28,7 @@ import time
 import warnings
 from pathlib import Path
 
+from .dispatch import device_arch
 from .problem import normalize_window
 
 ALL_IMPLS = ("cute_attn", "fa4", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
@@ -273,7 +274,7 @@ def environment(device) -> dict:
     props = torch.cuda.get_device_properties(device)
     return {
         "device": props.name,
-        "capability": "sm_{}{}".format(*torch.cuda.get_device_capability(device)),
+        "capability": device_arch(torch.device(device).index or 0),
         "sm_count": props.multi_processor_count,
         "driver": cuda_driver_version(),
         "python": platform.python_version(),

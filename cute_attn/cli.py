@@ -392,12 +392,9 @@ def _has_supported_gpu() -> bool:
 
     if not torch.cuda.is_available():
         return False
-    try:
-        from cute_attn.dispatch import support_summary
+    from cute_attn.dispatch import support_summary
 
-        return bool(support_summary().get("kernels"))
-    except Exception:  # noqa: BLE001 - no dispatch module yet: go by the arch alone
-        return torch.cuda.get_device_capability() == (9, 0)
+    return bool(support_summary().get("kernels"))
 
 
 def cmd_check(args) -> int:

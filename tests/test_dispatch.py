@@ -1,0 +1,115 @@
+"""Dispatch policy on the CPU: which implementation a problem gets, and the errors otherwise.
+
+Device capability is faked by replacing dispatch.device_arch (the one reader of it), so every
+branch runs without a GPU; no kernel is launched here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+
+import pytest
+import torch
+
+import cute_attn
+from cute_attn import dispatch
+from cute_attn.problem import AttnProblem
+
+BASE = AttnProblem(
+    batch=2, seqlen_q=100, seqlen_k=120, num_heads=8, num_heads_kv=2, head_dim=128,
+    head_dim_v=128, dtype="bfloat16", device_type="cuda", device_index=0,
+    softmax_scale=128**-0.5, causal=True, window_left=-1, window_right=0, softcap=0.0,
+)  # fmt: skip
+
+
+def _tensors(d=128, stride_ok=True):
+    q = torch.empty(2, 100, 8, d, dtype=torch.bfloat16)
+    if not stride_ok:
+        q = torch.empty(2, 100, 8, d + 1, dtype=torch.bfloat16)[..., :d]
+    k = torch.empty(2, 120, 2, d, dtype=torch.bfloat16)
+    return (("q", q), ("k", k), ("v", k))
+
+
+@pytest.fixture
+def fake_arch(monkeypatch):
+    def use(arch):
+        monkeypatch.setattr(dispatch, "device_arch", lambda index: arch)
+
+    dispatch._warned.clear()
+    return use
+
+
+def test_cpu_problem_runs_reference():
+    d = dispatch.select(dataclasses.replace(BASE, device_type="cpu"), ())
+    assert d.impl == "reference" and d.arch is None
+    assert dispatch.last_dispatch() == d
+
+
+def test_sm90_serves_supported_problem(fake_arch):
+    fake_arch("sm_90a")
+    d = dispatch.select(BASE, _tensors())
+    assert (d.impl, d.arch) == ("sm90_fwd", "sm_90a")
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (dict(head_dim=80, head_dim_v=80), "head dims (80, 80)"),
+        (dict(varlen=True), "varlen"),
+        (dict(num_splits=4), "num_splits"),
+        (dict(dtype="float32"), "dtype float32"),
+    ],
+)
+def test_sm90_unserved_problem_raises_with_reason(fake_arch, change, needle):
+    fake_arch("sm_90a")
+    with pytest.raises(NotImplementedError) as e:
+        dispatch.select(dataclasses.replace(BASE, **change), _tensors())
+    assert needle in str(e.value) and "fallback='reference'" in str(e.value)
+    assert dispatch.last_dispatch().impl == "none"
+
+
+def test_unaligned_strides_are_named(fake_arch):
+    fake_arch("sm_90a")
+    with pytest.raises(NotImplementedError, match="q strides"):
+        dispatch.select(BASE, _tensors(stride_ok=False))
+
+
+def test_other_arch_raises_then_falls_back_once(fake_arch, monkeypatch):
+    fake_arch("sm_80")
+    with pytest.raises(NotImplementedError, match="no cute_attn kernel for sm_80"):
+        dispatch.select(BASE, _tensors())
+    with pytest.warns(RuntimeWarning, match="slow reference"):
+        d = dispatch.select(BASE, _tensors(), fallback="reference")
+    assert d.impl == "reference" and d.reason.startswith("fallback:")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second time: no warning
+        dispatch.select(BASE, _tensors(), fallback="reference")
+    monkeypatch.setenv("CUTE_ATTN_FALLBACK", "reference")
+    assert dispatch.select(BASE, _tensors()).impl == "reference"
+
+
+def test_bad_fallback_value(fake_arch):
+    fake_arch("sm_80")
+    with pytest.raises(ValueError, match="fallback"):
+        dispatch.select(BASE, _tensors(), fallback="maybe")
+
+
+def test_decisions_are_logged(fake_arch, caplog):
+    fake_arch("sm_90a")
+    with caplog.at_level(logging.DEBUG, logger="cute_attn"):
+        dispatch.select(BASE, _tensors(), entry="flash_attn_func")
+    assert "flash_attn_func -> sm90_fwd" in caplog.text
+
+
+def test_api_records_reference_on_cpu():
+    q = torch.randn(1, 4, 2, 8)
+    cute_attn.flash_attn_func(q, q, q)
+    assert cute_attn.last_dispatch().impl == "reference"
+
+
+def test_support_summary_without_gpu():
+    s = dispatch.support_summary()
+    if not torch.cuda.is_available():
+        assert s["kernels"] == [] and s["arch"] is None
