@@ -10,6 +10,7 @@ yet, or that imported it with the same arch.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import struct
@@ -77,21 +78,22 @@ def _sass(cubin: bytes) -> str:
     return res.stdout
 
 
-def _variant_problems(head_dims, dtypes):
+def _variant_problems(head_dims, dtypes, heads):
     from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
 
-    for d, dv in SUPPORTED_HEAD_DIMS:
+    for (d, dv), dt, (h, hkv), feature in itertools.product(
+        SUPPORTED_HEAD_DIMS, dtypes, heads, FEATURES
+    ):
         if head_dims and d not in head_dims:
             continue
-        for dt in dtypes:
-            for label, causal, left, right, softcap in FEATURES:
-                name = f"sm90_fwd d{d}x{dv} {dt} {label}"
-                yield name, AttnProblem(
-                    batch=1, seqlen_q=1, seqlen_k=1, num_heads=8, num_heads_kv=2,
-                    head_dim=d, head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda",
-                    device_index=0, softmax_scale=d**-0.5, causal=causal, window_left=left,
-                    window_right=right, softcap=softcap,
-                )  # fmt: skip
+        label, causal, left, right, softcap = feature
+        name = f"sm90_fwd d{d}x{dv} {dt} h{h}:{hkv} {label}"
+        yield name, AttnProblem(
+            batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
+            head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
+            softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
+            softcap=softcap,
+        )  # fmt: skip
 
 
 def compile_variants(
@@ -99,18 +101,19 @@ def compile_variants(
     head_dims: list[int] | None = None,
     dtypes: list[str] | None = None,
     progress: bool = False,
+    heads: list[tuple[int, int]] | None = None,
 ) -> list[dict]:
     if arch not in MEANT:
         return []  # no kernels for this arch yet (sm_100a: none)
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
     from .fwd_sm90 import build_fwd, fwd_key
 
-    dtypes = [DTYPE_NAMES[d] and d for d in (dtypes or ["bf16", "fp16"])]
+    dtypes = [d for d in (dtypes or ["bf16", "fp16"]) if DTYPE_NAMES[d]]
     rows = []
     old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
     os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"
     try:
-        for name, p in _variant_problems(head_dims, dtypes):
+        for name, p in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
             row = {"name": name, "arch": arch, "seconds": None, "registers": None,
                    "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
             t0 = time.perf_counter()

@@ -436,14 +436,12 @@ def cmd_bench(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    try:
-        from cute_attn import aot
-    except ModuleNotFoundError as e:
-        if e.name != "cute_attn.aot":
-            raise
-        variants = []
-    else:
-        variants = aot.compile_variants(args.arch, args.head_dims, args.dtypes, progress=True)
+    from cute_attn import aot
+
+    heads = [tuple(int(x) for x in h.split(":")) for h in args.heads] if args.heads else None
+    variants = aot.compile_variants(
+        args.arch, args.head_dims, args.dtypes, progress=True, heads=heads
+    )
     if not variants:
         print(f"nothing to build for {args.arch} yet")
         return 0
@@ -537,6 +535,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", required=True, choices=("sm_90a", "sm_100a"))
     p.add_argument("--head-dims", nargs="+", type=int, metavar="D")
     p.add_argument("--dtypes", nargs="+", choices=("bf16", "fp16"))
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        metavar="H:HKV",
+        help="query:KV head counts to build (head counts are in the compile key; default 8:2)",
+    )
     p.set_defaults(func=cmd_compile)
     return parser
 

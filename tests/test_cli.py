@@ -106,8 +106,8 @@ def _fake_aot(monkeypatch, variants):
 
     calls = []
 
-    def compile_variants(arch, head_dims, dtypes, progress):
-        calls.append((arch, head_dims, dtypes, progress))
+    def compile_variants(arch, head_dims, dtypes, progress, heads=None):
+        calls.append((arch, head_dims, dtypes, progress, heads))
         return variants
 
     mod = types.ModuleType("cute_attn.aot")
@@ -121,7 +121,7 @@ def test_compile_empty_list(monkeypatch, capsys):
     calls = _fake_aot(monkeypatch, [])
     assert cli.main(["compile", "--arch", "sm_100a"]) == 0
     assert "nothing to build for sm_100a yet" in capsys.readouterr().out
-    assert calls == [("sm_100a", None, None, True)]
+    assert calls == [("sm_100a", None, None, True, None)]
 
 
 def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):
@@ -130,9 +130,9 @@ def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):
               error=None)  # fmt: skip
     calls = _fake_aot(monkeypatch, [ok])
     assert cli.main(["compile", "--arch", "sm_90a", "--head-dims", "64", "128",
-                     "--dtypes", "bf16"]) == 0  # fmt: skip
+                     "--dtypes", "bf16", "--heads", "32:8"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert calls == [("sm_90a", [64, 128], ["bf16"], True)]
+    assert calls == [("sm_90a", [64, 128], ["bf16"], True, [(32, 8)])]
     line = next(x for x in out.splitlines() if x.startswith("fwd_d128_bf16"))
     assert "3.2" in line and "168" in line and "HGMMA UTMALDG" in line
     assert "missing: USETMAXREG" in line
