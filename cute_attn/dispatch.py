@@ -71,6 +71,14 @@ def device_arch(index: int) -> str | None:
     return f"sm_{major}{minor}"
 
 
+@functools.cache
+def _sm90_unsupported_reason():
+    # imported on first use: fwd_sm90 pulls in the compile cache and the tile table
+    from .fwd_sm90 import unsupported_reason
+
+    return unsupported_reason
+
+
 def _fallback_mode(fallback: str | None) -> str:
     mode = fallback if fallback is not None else os.environ.get("CUTE_ATTN_FALLBACK", "error")
     if mode not in ("error", "reference"):
@@ -100,9 +108,7 @@ def select(
     arch = device_arch(p.device_index or 0)
     reason = None
     if arch == "sm_90a":
-        from .fwd_sm90 import unsupported_reason
-
-        reason = unsupported_reason(p, tensors)
+        reason = _sm90_unsupported_reason()(p, tensors)
         if reason is None:
             return _record(Decision("sm90_fwd", arch, "SM90 forward kernel", entry))
     else:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 
 import torch
 
+from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS, FwdTileConfig, fwd_tile_config
 from .cache import KernelKey, compiled_cache
 from .problem import AttnProblem
 
@@ -47,8 +49,6 @@ def fwd_key(p: AttnProblem, arch: str = ARCH) -> FwdKey:
 @functools.lru_cache(maxsize=1024)
 def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
     # memoized: the tuning-table lookup and key construction stay off the per-call path
-    from .arch.sm90.tile_config import fwd_tile_config
-
     cfg = fwd_tile_config(d, dv, causal, local)
     return FwdKey(
         arch=arch,
@@ -76,8 +76,7 @@ _ensure_dsl_arch(ARCH)
 
 @compiled_cache("sm90_fwd")
 def build_fwd(key: FwdKey):
-    from .arch.sm90.compile import FwdSpec, compile_fwd
-    from .arch.sm90.tile_config import FwdTileConfig
+    from .arch.sm90.compile import FwdSpec, compile_fwd  # imports cutlass: only when building
 
     fields = {f.name for f in dataclasses.fields(FwdSpec)} - {"config"}
     spec = FwdSpec(**{name: getattr(key, name) for name in fields}, config=FwdTileConfig(*key.tile))
@@ -97,8 +96,6 @@ def _dump_dir() -> str:
 
 def unsupported_reason(p: AttnProblem, tensors) -> str | None:
     """Why the SM90 kernel cannot serve this problem, or None. Cheap: attribute reads only."""
-    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
-
     if p.dtype not in ("bfloat16", "float16"):
         return f"dtype {p.dtype} (kernels take float16/bfloat16)"
     if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIMS:
@@ -115,9 +112,21 @@ def unsupported_reason(p: AttnProblem, tensors) -> str | None:
     return None
 
 
-def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
-    from .arch.sm90.flash_fwd import softmax_scales
+@functools.lru_cache(maxsize=256)
+def softmax_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
+    """(softmax_scale_log2, score_premul): the kernel's runtime scalars.
 
+    Without softcap the kernel computes exp2(s * scale * log2 e - m'). With softcap it first
+    maps s -> tanh(s * scale / softcap) (score_premul) and then uses softcap * log2 e as the
+    exp2 scale, which is softcap * tanh(s * scale / softcap) in natural units.
+    """
+    log2e = math.log2(math.e)
+    if softcap > 0.0:
+        return softcap * log2e, softmax_scale / softcap
+    return softmax_scale * log2e, 1.0
+
+
+def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
     b, sq, h, _ = q.shape
     out = torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)

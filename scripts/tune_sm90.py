@@ -18,10 +18,9 @@ import statistics
 
 import torch
 
-from cute_attn.arch.sm90.flash_fwd import softmax_scales
 from cute_attn.arch.sm90.tile_config import fwd_tile_config
 from cute_attn.bench import visible_pairs
-from cute_attn.fwd_sm90 import FwdKey, build_fwd
+from cute_attn.fwd_sm90 import FwdKey, build_fwd, softmax_scales
 from cute_attn.reference import attention_ref
 
 SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal)

@@ -24,7 +24,6 @@ Compile without a GPU (see cute_attn/fwd_sm90.py for the fake-tensor signature):
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -612,11 +611,3 @@ class FlashFwdSm90:
             cute.arch.barrier_arrive(
                 barrier_id=self.roles.bar_sched_first + (1 - wg), number_of_threads=2 * 128
             )
-
-
-def softmax_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
-    """(softmax_scale_log2, score_premul) for the kernel's runtime arguments."""
-    log2e = math.log2(math.e)
-    if softcap > 0.0:
-        return softcap * log2e, softmax_scale / softcap
-    return softmax_scale * log2e, 1.0
