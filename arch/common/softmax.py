@@ -26,6 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from .dsl import DslStruct
+from .fast_math import exp2_fma
 from .layout import acc_as_rows_cols
 
 LN2 = math.log(2.0)
@@ -55,10 +56,18 @@ class OnlineSoftmax(DslStruct):
 
     _dynamic_ = ("scale_log2", "row_max", "row_sum")
 
-    def __init__(self, scale_log2: Float32, num_rows: int, rescale_threshold: float):
+    def __init__(
+        self,
+        scale_log2: Float32,
+        num_rows: int,
+        rescale_threshold: float,
+        exp2_emu_every: int = 0,
+    ):
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
         self.rescale_threshold = rescale_threshold
+        # 0: all exponentials on the SFU; k: every k-th column of a row on the FMA pipe
+        self.exp2_emu_every = exp2_emu_every
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
 
@@ -93,7 +102,11 @@ class OnlineSoftmax(DslStruct):
             self.row_max[r] = m_new
             m_scaled = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                s[r, c] = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
+                x = s[r, c] * self.scale_log2 - m_scaled
+                if cutlass.const_expr(self.exp2_emu_every > 0 and c % self.exp2_emu_every == 0):
+                    s[r, c] = exp2_fma(x)  # balance the SFU and FMA pipes
+                else:
+                    s[r, c] = cute.math.exp2(x, fastmath=True)
             tile_sum = _row_sum_ilp(s, r)
             if cutlass.const_expr(is_first):
                 self.row_sum[r] = tile_sum

@@ -433,7 +433,12 @@ class FlashFwdSm90:
         )
         tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_as_rows_cols(tScS), mode=[0])
-        softmax = OnlineSoftmax(softmax_scale_log2, num_rows, self.config.rescale_threshold)
+        softmax = OnlineSoftmax(
+            softmax_scale_log2,
+            num_rows,
+            self.config.rescale_threshold,
+            self.config.exp2_emu_every,
+        )
         softmax.reset()
         acc_o.fill(0.0)
 

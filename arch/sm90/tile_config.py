@@ -27,6 +27,8 @@ class FwdTileConfig:
     rescale_threshold: float = 0.0
     # reverse m-block order for causal/local so the longest CTAs start first (LPT)
     lpt_order: bool = True
+    # compute every k-th exponential with FMA-pipe instructions (0 = all on the SFU)
+    exp2_emu_every: int = 0
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
@@ -35,6 +37,8 @@ class FwdTileConfig:
             raise ValueError(f"tile_n {self.tile_n} must be a multiple of 16 in [16, 256]")
         if self.num_stages < 1:
             raise ValueError("num_stages must be >= 1")
+        if self.exp2_emu_every < 0:
+            raise ValueError("exp2_emu_every must be >= 0")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
@@ -59,6 +63,7 @@ def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -
     if head_dim <= 64:
         # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
         # tile_n 192: 427, and 3 consumer warpgroups (192 x 128): 386 (tune_d64_tiles.json).
+        # exp2_emu_every: implemented, not measured on the GPU yet, so off.
         return FwdTileConfig(tile_n=128, pingpong=False)
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
