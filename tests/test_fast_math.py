@@ -15,7 +15,7 @@ from cute_attn.arch.common import fast_math
 
 
 def _f32_hex(v: float) -> str:
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
+    return f"0f{struct.unpack('<I', struct.pack('<f', v))[0]:08X}"
 
 
 def test_ptx_constants_are_the_documented_polynomial():
