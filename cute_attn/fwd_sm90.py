@@ -102,6 +102,8 @@ def unsupported_reason(p: AttnProblem, tensors) -> str | None:
         return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {SUPPORTED_HEAD_DIMS}"
     if p.varlen or p.paged:
         return "varlen/paged inputs are not served by the SM90 kernel yet"
+    if p.kvcache:
+        return "KV-cache calls (flash_attn_with_kvcache) are not served by the SM90 kernel yet"
     if p.num_splits > 1:
         return "num_splits > 1 (split-KV) is not implemented on SM90 yet"
     for name, t in tensors:

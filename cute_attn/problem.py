@@ -42,6 +42,7 @@ class AttnProblem:
     has_seqused_k: bool = False
     paged: bool = False
     page_size: int = 0
+    kvcache: bool = False  # flash_attn_with_kvcache (cache append / decode), not plain dense
     # execution knobs
     num_splits: int = 0  # 0 = let the tuning table decide
     pack_gqa: bool | None = None

@@ -959,5 +959,6 @@ def validate_kvcache(
         has_seqused_k=cache_seqlens is not None,
         paged=paged,
         page_size=page_size if paged else 0,
+        kvcache=True,
         num_splits=splits,
     )

@@ -17,7 +17,7 @@ Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_D
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
 tensors in (batch, seq, heads, dim) layout; lse (batch, heads, seq) fp32.
 
-Compile without a GPU (see cute_attn/fwd_sm90.py for the fake-tensor signature):
+Compile without a GPU (arch/sm90/compile.py holds the fake-tensor signature):
     CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
 """
 
