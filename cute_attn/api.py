@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, reference
-from .validation import validate_dense, validate_kvcache, validate_varlen
+from . import dispatch, inference, reference
+from .validation import _check_bool, validate_dense, validate_kvcache, validate_varlen
 
 
 def _ref_compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -78,6 +78,28 @@ def flash_attn_func(
         q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
     )  # fmt: skip
+    if torch.compiler.is_compiling():
+        # traced as one opaque op with a fake implementation and an autograd formula
+        from . import ops
+
+        return ops.fwd(
+            q, k, v, p.softmax_scale, p.window_left, p.window_right, p.softcap, fallback or ""
+        )
+    return _run(q, k, v, p, fallback)
+
+
+def _forward(q, k, v, *, softmax_scale, window_size, softcap, fallback):
+    """The eager forward for the torch.library op (window already normalized)."""
+    p = validate_dense(
+        q, k, v, softmax_scale=softmax_scale, causal=False, window_size=window_size,
+        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        out, lse = _run(q, k, v, p, fallback)
+    return out, lse
+
+
+def _run(q, k, v, p, fallback):
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
     if d.impl == "sm90_fwd":
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -89,7 +111,8 @@ def flash_attn_func(
         q, k, v, softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
         softcap=p.softcap, compute_dtype=_ref_compute_dtype(q.dtype),
     )  # fmt: skip
-    return out.to(q.dtype), lse.float()
+    # same strides as the kernel's output (the reference computes in (B, H, S, D) order)
+    return out.to(q.dtype).contiguous(), lse.float().contiguous()
 
 
 def flash_attn_varlen_func(
@@ -155,13 +178,37 @@ def flash_attn_with_kvcache(
     window_size=(None, None),
     softcap=0.0,
     num_splits=0,
+    fallback: str | None = None,
 ):
-    """Reserved: KV-cache append + attention (the inference milestone fills it). Validates its
-    arguments, then raises NotImplementedError."""
-    validate_kvcache(
+    """KV-cache attention for decoding: optionally append new k/v into the cache, then attend.
+
+    q (B, Sq, H, D). Dense cache k_cache (B_cache, S_cache, Hkv, D), v_cache (.., Dv), batch
+    row b using cache row cache_batch_idx[b] (default b); or paged: k_cache (num_pages,
+    page_size, Hkv, D) with page_table (B, max_pages) int32. cache_seqlens (int32 (B,), an int,
+    or None = full) counts the keys already cached. k/v (B, S_new, Hkv, D[v]), if given, are
+    written IN PLACE at positions cache_seqlens[b] .. + S_new - 1 of row b's cache. rotary_cos /
+    rotary_sin (seqlen_ro, rotary_dim / 2) rotate the new k at those positions and q at
+    cache_seqlens[b] + i when causal/windowed, else all q rows at cache_seqlens[b]
+    (FlashAttention's rule; needs k/v); rotary_interleaved picks GPT-J pairs (True) or GPT-NeoX
+    halves (False). Then q attends to the first cache_seqlens[b] + S_new keys of its row,
+    causal bottom-right per row (default causal=True), window/softcap as in flash_attn_func.
+    Returns out (B, Sq, H, Dv) in q's dtype and lse (B, H, Sq) float32.
+    No SM90 kernel yet: CUDA inputs need fallback='reference' (CPU runs the reference).
+    See cute_attn.inference for the exact semantics.
+    """
+    p = validate_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
         page_table=page_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         num_splits=num_splits,
     )  # fmt: skip
-    raise NotImplementedError("flash_attn_with_kvcache is reserved; not implemented yet")
+    _check_bool("rotary_interleaved", rotary_interleaved)
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if k is not None:
+        named += [("k", k), ("v", v)]
+    dispatch.select(p, tuple(named), fallback=fallback, entry="flash_attn_with_kvcache")
+    return inference.kvcache_reference(
+        q, k_cache, v_cache, k, v, problem=p, cache_seqlens=cache_seqlens,
+        cache_batch_idx=cache_batch_idx, page_table=page_table, rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+    )  # fmt: skip
