@@ -1,7 +1,8 @@
 """cute_attn: exact FlashAttention kernels in the CuTe DSL for Hopper (SM90) and Blackwell.
 
 Public API (every entry point returns `(out, lse)`):
-    flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, last_dispatch
+    flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, merge_attn_states,
+    last_dispatch
 
 Layout is (batch, seq, heads, dim) -- NOT SDPA's (batch, heads, seq, dim); a transposed input
 of compatible sizes cannot always be detected. See docs/contract.md.
@@ -17,6 +18,7 @@ _API = {
     "flash_attn_varlen_func": "api",
     "flash_attn_with_kvcache": "api",
     "last_dispatch": "dispatch",
+    "merge_attn_states": "inference",
 }
 
 __all__ = ["__version__", *_API]
