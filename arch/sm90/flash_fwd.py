@@ -79,6 +79,13 @@ def _smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int
     return cute.tile_to_shape(atom, shape, order=order)
 
 
+def _tma_tiles(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
+    """(smem, gmem) TMA views of a (rows, cols[, stage or tile index]) tile pair, no multicast."""
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
+    )
+
+
 class FlashFwdSm90:
     def __init__(
         self,
@@ -345,18 +352,9 @@ class FlashFwdSm90:
         gV = cute.local_tile(
             mV[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0)
         )
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-            cute.group_modes(gQ, 0, 2),
-        )  # fmt: skip
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-            cute.group_modes(gK, 0, 2),
-        )  # fmt: skip
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-            cute.group_modes(gV, 0, 2),
-        )  # fmt: skip
+        tQsQ, tQgQ = _tma_tiles(tma_atom_Q, sQ, gQ)
+        tKsK, tKgK = _tma_tiles(tma_atom_K, sK, gK)
+        tVsV, tVgV = _tma_tiles(tma_atom_V, sV, gV)
         if n_max > n_min:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_state)
@@ -569,10 +567,7 @@ class FlashFwdSm90:
             gO = cute.local_tile(
                 mO[None, None, head, batch], (self.tile_m, self.head_dim_v), (m_block, 0)
             )
-            tOsO, tOgO = cpasync.tma_partition(
-                tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                cute.group_modes(gO, 0, 2),
-            )  # fmt: skip
+            tOsO, tOgO = _tma_tiles(tma_atom_O, sO, gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
