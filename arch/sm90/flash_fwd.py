@@ -32,11 +32,11 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask
 from ..common.softmax import OnlineSoftmax
+from .primitives import gemm, smem_layout, tma_tiles
 from .tile_config import SMEM_BYTES_SM90, SUPPORTED_HEAD_DIMS, FwdTileConfig
 
 
@@ -67,22 +67,6 @@ def _roles_for(num_mma_warpgroups: int) -> FwdRoles:
     budgets = {1: (56, 256), 2: (24, 240), 3: (32, 160)}[num_mma_warpgroups]
     return FwdRoles(
         num_mma_warpgroups=num_mma_warpgroups, producer_regs=budgets[0], mma_regs=budgets[1]
-    )
-
-
-def _smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None):
-    """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile."""
-    atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols)
-    atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    order = (0, 1) if stages is None else (0, 1, 2)
-    return cute.tile_to_shape(atom, shape, order=order)
-
-
-def _tma_tiles(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
-    """(smem, gmem) TMA views of a (rows, cols[, stage or tile index]) tile pair, no multicast."""
-    return cpasync.tma_partition(
-        atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
     )
 
 
@@ -167,10 +151,10 @@ class FlashFwdSm90:
             a_source=warpgroup.OperandSource.RMEM,
         )
 
-        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, None)
-        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
-        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
-        sO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim_v, None)
+        sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim, None)
+        sK_layout = smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
+        sV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
+        sO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v, None)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -352,9 +336,9 @@ class FlashFwdSm90:
         gV = cute.local_tile(
             mV[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0)
         )
-        tQsQ, tQgQ = _tma_tiles(tma_atom_Q, sQ, gQ)
-        tKsK, tKgK = _tma_tiles(tma_atom_K, sK, gK)
-        tVsV, tVgV = _tma_tiles(tma_atom_V, sV, gV)
+        tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
+        tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
+        tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         if n_max > n_min:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_state)
@@ -459,7 +443,7 @@ class FlashFwdSm90:
             pipe_k.consumer_wait(kv_state)
             self._sched_wait(wg)
             acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
-            self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
             self._sched_arrive(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(kv_state)
@@ -475,13 +459,13 @@ class FlashFwdSm90:
                 acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
                 pipe_k.consumer_wait(kv_state)
                 self._sched_wait(wg)
-                self._gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
                 if cutlass.const_expr(not self.config.intra_wg_overlap):
                     self._sched_arrive(wg)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
                 pipe_v.consumer_wait(v_state)
-                self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+                gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
                 if cutlass.const_expr(self.config.intra_wg_overlap):
                     self._sched_arrive(wg)
                     warpgroup.wait_group(1)  # S(j) done; P(j-1) V(j-1) may still run
@@ -503,7 +487,7 @@ class FlashFwdSm90:
                 kv_state.advance()
             # ---- last P V
             pipe_v.consumer_wait(v_state)
-            self._gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+            gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(v_state)
         else:
@@ -567,31 +551,12 @@ class FlashFwdSm90:
             gO = cute.local_tile(
                 mO[None, None, head, batch], (self.tile_m, self.head_dim_v), (m_block, 0)
             )
-            tOsO, tOgO = _tma_tiles(tma_atom_O, sO, gO)
+            tOsO, tOgO = tma_tiles(tma_atom_O, sO, gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _gemm(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        tCrA: cute.Tensor,
-        tCrB: cute.Tensor,
-        zero_init: cutlass.Constexpr[bool],
-    ):
-        """Issue one warpgroup GEMM over all k-blocks and commit it (no wait)."""
-        warpgroup.fence()
-        # a fresh atom per call: toggling ACCUMULATE on a shared one breaks SSA dominance
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-
     @cute.jit
     def _scores(self, acc_s: cute.Tensor, score_premul: Float32):
         """Softcap (before masking, as the contract says): s <- tanh(s * scale / softcap);

@@ -1,0 +1,55 @@
+"""SM90 building blocks shared by the forward and backward kernels.
+
+* `smem_layout`: a swizzled K-major (row-major) smem layout for a (rows, cols[, stages]) tile,
+  the layout TMA writes and wgmma reads;
+* `tma_tiles`: (smem, gmem) TMA partitions of a tile pair (no multicast);
+* `gemm`: issue one warpgroup GEMM over all k-blocks and commit it as one wgmma group.
+
+Torch-free; used inside @cute.jit / @cute.kernel code only.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+
+def smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None):
+    """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile."""
+    atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols)
+    atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
+def tma_tiles(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
+    """(smem, gmem) TMA views of a (rows, cols[, stage or tile index]) tile pair, no multicast."""
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
+    )
+
+
+@cute.jit
+def gemm(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    zero_init: cutlass.Constexpr[bool],
+):
+    """Issue one warpgroup GEMM over all k-blocks and commit it (no wait)."""
+    warpgroup.fence()
+    # a fresh atom per call: toggling ACCUMULATE on a shared one breaks SSA dominance
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+
+
+__all__ = ["smem_layout", "tma_tiles", "gemm"]
