@@ -23,6 +23,8 @@ from pathlib import Path
 from .problem import AttnProblem
 
 MEANT = {"sm_90a": ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")}
+# per kernel kind, beyond MEANT: the backward adds dQ partials with a TMA reduce-add
+MEANT_EXTRA = {"sm90_bwd": ("UTMAREDG",)}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "bfloat16": "bfloat16", "float16": "float16"}
 # (label, causal, window_left, window_right, softcap): each mask feature specializes the kernel
 FEATURES = (
@@ -79,21 +81,21 @@ def _sass(cubin: bytes) -> str:
 
 
 def _variant_problems(head_dims, dtypes, heads):
-    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
+    """(name, kind, problem) for every forward and backward variant in the tuning tables."""
+    from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 
-    for (d, dv), dt, (h, hkv), feature in itertools.product(
-        SUPPORTED_HEAD_DIMS, dtypes, heads, FEATURES
-    ):
-        if head_dims and d not in head_dims:
-            continue
-        label, causal, left, right, softcap = feature
-        name = f"sm90_fwd d{d}x{dv} {dt} h{h}:{hkv} {label}"
-        yield name, AttnProblem(
-            batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
-            head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
-            softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
-            softcap=softcap,
-        )  # fmt: skip
+    for kind, table in (("sm90_fwd", SUPPORTED_HEAD_DIMS), ("sm90_bwd", BWD_HEAD_DIMS)):
+        for (d, dv), dt, (h, hkv), feature in itertools.product(table, dtypes, heads, FEATURES):
+            if head_dims and d not in head_dims:
+                continue
+            label, causal, left, right, softcap = feature
+            name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}"
+            yield name, kind, AttnProblem(
+                batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
+                head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
+                softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
+                softcap=softcap,
+            )  # fmt: skip
 
 
 def compile_variants(
@@ -106,26 +108,31 @@ def compile_variants(
     if arch not in MEANT:
         return []  # no kernels for this arch yet (sm_100a: none)
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    from .bwd_sm90 import build_bwd, bwd_key
     from .fwd_sm90 import build_fwd, fwd_key
+
+    builders = {"sm90_fwd": (build_fwd, fwd_key), "sm90_bwd": (build_bwd, bwd_key)}
 
     dtypes = [d for d in (dtypes or ["bf16", "fp16"]) if DTYPE_NAMES[d]]
     rows = []
     old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
     os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"
     try:
-        for name, p in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
+        for name, kind, p in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
+            meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
             row = {"name": name, "arch": arch, "seconds": None, "registers": None,
                    "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
             t0 = time.perf_counter()
             try:
-                fn = build_fwd(fwd_key(p, arch))
+                build, make_key = builders[kind]
+                fn = build(make_key(p, arch))
                 row["seconds"] = round(time.perf_counter() - t0, 2)
                 cubin = getattr(fn, "__cubin__", None)
                 if cubin:  # None when it came from the disk cache (no artifacts kept)
                     sass = _sass(cubin)
                     row["registers"] = _cubin_registers(cubin)
                     row["spills"] = sass.count("STL") + sass.count("LDL") if sass else None
-                    row["instructions"] = {i: i in sass for i in MEANT[arch]} if sass else {}
+                    row["instructions"] = {i: i in sass for i in meant} if sass else {}
                     row["ok"] = bool(sass) and all(row["instructions"].values())
                     if not sass:
                         row["error"] = "nvdisasm not found: cannot check SASS"
@@ -139,7 +146,7 @@ def compile_variants(
             rows.append(row)
             if progress:
                 print(
-                    f"  {row['name']:<36} {row['seconds']}s regs={row['registers']} "
+                    f"  {row['name']:<40} {row['seconds']}s regs={row['registers']} "
                     f"spills={row['spills']} ok={row['ok']}",
                     flush=True,
                 )

@@ -22,9 +22,10 @@ def _window(p) -> tuple[int, int]:
     return (p.window_left, p.window_right)
 
 
-class _KernelFwdRefBwd(torch.autograd.Function):
-    """Kernel forward; gradients from the reference's analytic backward (recomputes P from
-    lse, memory-bounded). Exact but slow: the SM90 backward kernel is a later milestone."""
+class _KernelAttn(torch.autograd.Function):
+    """Kernel forward; backward by cute_attn.bwd_sm90.backward (the SM90 backward kernel when
+    it serves the problem, else the reference's analytic backward). lse is differentiable:
+    its gradient enters through D = rowsum(dO * O) - dlse."""
 
     @staticmethod
     def forward(ctx, q, k, v, problem):
@@ -33,19 +34,18 @@ class _KernelFwdRefBwd(torch.autograd.Function):
         out, lse = run_fwd(q, k, v, problem)
         ctx.problem = problem
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
+        from .bwd_sm90 import backward
+
         q, k, v, out, lse = ctx.saved_tensors
-        p = ctx.problem
-        dq, dk, dv = reference.attention_ref_backward(
-            q, k, v, out, lse, dout,
-            softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
-            softcap=p.softcap,
-        )  # fmt: skip
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = backward(q, k, v, out, lse, dout, ctx.problem, dlse)
+        return dq, dk, dv, None
 
 
 def flash_attn_func(
@@ -99,11 +99,23 @@ def _forward(q, k, v, *, softmax_scale, window_size, softcap, fallback):
     return out, lse
 
 
+def _backward(q, k, v, out, lse, dout, dlse, *, softmax_scale, window_size, softcap):
+    """The eager backward for the torch.library op (window already normalized)."""
+    from .bwd_sm90 import backward
+
+    p = validate_dense(
+        q, k, v, softmax_scale=softmax_scale, causal=False, window_size=window_size,
+        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        return backward(q, k, v, out, lse, dout, p, dlse)
+
+
 def _run(q, k, v, p, fallback):
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
     if d.impl == "sm90_fwd":
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _KernelFwdRefBwd.apply(q, k, v, p)
+            return _KernelAttn.apply(q, k, v, p)
         from .fwd_sm90 import run_fwd
 
         return run_fwd(q, k, v, p)

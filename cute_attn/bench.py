@@ -34,7 +34,7 @@ from .problem import normalize_window
 ALL_IMPLS = ("cute_attn", "fa4", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # The "vs best" column divides the faster of these by each impl's median.
 BASELINE_IMPLS = ("fa4", "sdpa-cudnn")
-PRESETS = ("fwd-prefill", "decode", "full")
+PRESETS = ("fwd-prefill", "bwd", "decode", "full")
 L2_FALLBACK_BYTES = 50 * 2**20  # H100 / H200 L2
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -173,6 +173,10 @@ def preset_rows(preset: str) -> list[Row]:
     """The named shape matrix (see module docstring and `--help`)."""
     if preset == "fwd-prefill":
         return _prefill_rows()
+    if preset == "bwd":
+        # the issue's backward matrix: D=256 rows run the reference (skipped) until the
+        # D > 128 backward exists
+        return _prefill_rows("bwd")
     if preset == "decode":
         return _decode_rows()
     if preset != "full":

@@ -37,7 +37,7 @@ FALLBACK_CHOICES = (None, "error", "reference")
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    impl: str  # "sm90_fwd" | "reference"
+    impl: str  # "sm90_fwd" | "sm90_bwd" | "reference" | "none"
     arch: str | None  # "sm_90a", "sm_100a", ... or None on CPU
     reason: str
     entry: str = "flash_attn_func"
@@ -124,6 +124,25 @@ def select(
     )
 
 
+def select_backward(p: AttnProblem, tensors, unsupported_reason) -> Decision:
+    """The backward of a call whose forward already ran. The SM90 backward kernel when
+    `unsupported_reason(p, tensors)` is None; otherwise the exact reference backward, with a
+    one-time warning (raising here, after a forward that succeeded, would strand a training
+    step; the choice is recorded like any other)."""
+    entry = "backward"
+    if p.device_type != "cuda":
+        return _record(Decision("reference", None, "CPU tensors run the reference path", entry))
+    arch = device_arch(p.device_index or 0)
+    if arch == "sm_90a":
+        reason = unsupported_reason(p, tensors)
+        if reason is None:
+            return _record(Decision("sm90_bwd", arch, "SM90 backward kernel", entry))
+    else:
+        reason = f"no cute_attn backward kernel for {arch}"
+    _warn_once(f"the backward: {reason}")
+    return _record(Decision("reference", arch, f"fallback: {reason}", entry))
+
+
 def support_summary() -> dict:
     """What this machine's default device gets: for `python -m cute_attn info`."""
     try:
@@ -142,7 +161,8 @@ def support_summary() -> dict:
     except Exception as e:  # a broken driver should not break `info`
         return {"device": None, "arch": None, "kernels": [], "reason": f"CUDA query failed: {e}"}
     if arch == "sm_90a":
-        return {"device": name, "arch": arch, "kernels": ["sm90_fwd"], "reason": "SM90 kernels"}
+        kernels = ["sm90_fwd", "sm90_bwd"]
+        return {"device": name, "arch": arch, "kernels": kernels, "reason": "SM90 kernels"}
     return {
         "device": name,
         "arch": arch,

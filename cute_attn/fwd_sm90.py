@@ -94,12 +94,13 @@ def _dump_dir() -> str:
     return tempfile.mkdtemp(prefix="cute_attn_artifacts_")
 
 
-def unsupported_reason(p: AttnProblem, tensors) -> str | None:
-    """Why the SM90 kernel cannot serve this problem, or None. Cheap: attribute reads only."""
+def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -> str | None:
+    """Why an SM90 kernel cannot serve this problem, or None. Cheap: attribute reads only.
+    The backward passes its own head-dim table."""
     if p.dtype not in ("bfloat16", "float16"):
         return f"dtype {p.dtype} (kernels take float16/bfloat16)"
-    if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIMS:
-        return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {SUPPORTED_HEAD_DIMS}"
+    if (p.head_dim, p.head_dim_v) not in head_dims:
+        return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {head_dims}"
     if p.varlen or p.paged:
         return "varlen/paged inputs are not served by the SM90 kernel yet"
     if p.kvcache:

@@ -4,9 +4,11 @@
 returns `(out, lse)` with the package contract; the window is already normalized (causal folded
 into window_right = 0, -1 = unbounded) and `fallback` is "" for the default policy. Inside, the
 same dispatch as the eager API runs (kernel on SM90, reference on CPU or on request). A fake
-implementation gives shapes to the tracer; the registered autograd formula is the analytic
-backward recomputed from lse (reference.attention_ref_backward) until the SM90 backward kernel
-exists.
+implementation gives shapes to the tracer. Its autograd formula calls a second op,
+`cute_attn::bwd(q, k, v, out, lse, dout, dlse, softmax_scale, window_left, window_right,
+softcap) -> (dq, dk, dv)`, which runs the SM90 backward kernel (or the reference backward
+where the kernel does not serve the problem) and also has a fake implementation, so the
+traced backward graph holds it as one opaque node.
 
 `flash_attn_func` calls this op only while torch.compile is tracing; eager calls keep the
 direct path, which costs no dispatcher overhead.
@@ -15,8 +17,6 @@ direct path, which costs no dispatcher overhead.
 from __future__ import annotations
 
 import torch
-
-from . import reference
 
 _NAME = "cute_attn::fwd"
 
@@ -55,14 +55,41 @@ def _setup_context(ctx, inputs, output):
     ctx.params = (softmax_scale, (window_left, window_right), softcap)
 
 
+@torch.library.custom_op("cute_attn::bwd", mutates_args=())
+def bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .api import _backward
+
+    return _backward(
+        q, k, v, out, lse, dout, dlse, softmax_scale=softmax_scale,
+        window_size=(window_left, window_right), softcap=softcap,
+    )  # fmt: skip
+
+
+@bwd.register_fake
+def _bwd_fake(q, k, v, out, lse, dout, dlse, softmax_scale, window_left, window_right, softcap):
+    # gradients are always contiguous, whatever views q, k, v were
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    softmax_scale, window, softcap = ctx.params
-    dq, dk, dv = reference.attention_ref_backward(
-        q, k, v, out, lse, dout, softmax_scale=softmax_scale, causal=False,
-        window_size=window, softcap=softcap, dlse=dlse,
-    )  # fmt: skip
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+    softmax_scale, (left, right), softcap = ctx.params
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = bwd(q, k, v, out, lse, dout, dlse, softmax_scale, left, right, softcap)
+    return dq, dk, dv, None, None, None, None, None
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)

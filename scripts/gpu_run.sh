@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: environment info, the GPU tests, the forward benchmark.
+# One call on the GPU machine: environment info, the GPU tests, a benchmark preset.
 # Full logs go under $OUT (or ./out); the short tables come last on stdout.
-#   bash scripts/gpu_run.sh [pytest -k expression] [bench preset]
+#   bash scripts/gpu_run.sh [pytest -k expression] [bench preset | none]
+# env: TESTS (test files; default forward and backward), MAXFAIL (default 10), BENCH_ARGS
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 KEXPR=${1:-}
@@ -9,9 +10,10 @@ PRESET=${2:-fwd-prefill}
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 python3 -m cute_attn info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> "$OUT/info.txt" 2>&1
-args=(-m gpu -q -x -p no:cacheprovider tests/test_fwd_sm90.py)
+read -r -a files <<< "${TESTS:-tests/test_fwd_sm90.py tests/test_bwd_sm90.py}"
+args=(-m gpu -q --maxfail="${MAXFAIL:-10}" -p no:cacheprovider "${files[@]}")
 [ -n "$KEXPR" ] && args+=(-k "$KEXPR")
-timeout 420 python3 -m pytest "${args[@]}" > "$OUT/gpu_tests.log" 2>&1
+timeout ${TEST_TIMEOUT:-500} python3 -m pytest "${args[@]}" > "$OUT/gpu_tests.log" 2>&1
 rc=$?
 echo "== gpu tests rc=$rc"; tail -25 "$OUT/gpu_tests.log"
 if [ "$PRESET" != "none" ]; then

@@ -59,6 +59,24 @@ class TileMask(DslStruct):
         return n_min, n_max
 
     @cute.jit
+    def m_block_range(self, n_block: Int32):
+        """[m_min, m_max) of query tiles with at least one row that sees a key of this key tile
+        (the backward walks these for one K/V tile). Empty when m_max <= m_min."""
+        offset = self.seqlen_k - self.seqlen_q
+        m_max = cute.ceil_div(self.seqlen_q, self.tile_m)
+        m_min = Int32(0)
+        if cutlass.const_expr(self.has_right):
+            # key j is visible to rows i >= j - offset - window_right; the tile's first key
+            first_row = n_block * self.tile_n - offset - self.window_right
+            m_min = cutlass.max(first_row, 0) // self.tile_m
+        if cutlass.const_expr(self.has_left):
+            # ... and to rows i <= j - offset + window_left; the tile's last key
+            last_key = cutlass.min(n_block * self.tile_n + self.tile_n, self.seqlen_k) - 1
+            last_row = last_key - offset + self.window_left
+            m_max = cutlass.min(m_max, cute.ceil_div(cutlass.max(last_row + 1, 0), self.tile_m))
+        return m_min, m_max
+
+    @cute.jit
     def tile_needs_mask(self, m_block: Int32, n_block: Int32) -> cutlass.Boolean:
         """True unless every (row, col) of the tile is visible (rows past seqlen_q ignored)."""
         offset = self.seqlen_k - self.seqlen_q
@@ -95,5 +113,32 @@ class TileMask(DslStruct):
                 col = c[0, j][1]
                 # a select, not a conditional store: a store under `if` into a register
                 # array made the compiler emit a select chain quadratic in the row length
+                outside = (col >= hi) | (col < lo)
+                s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))
+
+    @cute.jit
+    def apply_transposed(
+        self, acc_st: cute.Tensor, coords: cute.Tensor, m_block: Int32, n_block: Int32
+    ):
+        """`apply` for a transposed score tile S^T (rows are keys, columns queries), as the
+        backward computes it. `coords` partitions an identity tensor over (tile_n, tile_m)."""
+        s = acc_as_rows_cols(acc_st)
+        c = acc_as_rows_cols(coords)
+        offset = self.seqlen_k - self.seqlen_q
+        col0 = m_block * self.tile_m
+        row0 = n_block * self.tile_n
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            key = row0 + c[r, 0][0]
+            # per-key visible query interval [lo, hi): i in [j - offset - right, j - offset + left]
+            lo = Int32(0) - col0
+            if cutlass.const_expr(self.has_right):
+                lo = key - offset - self.window_right - col0
+            hi = Int32(self.tile_m)
+            if cutlass.const_expr(self.has_left):
+                hi = key - offset + self.window_left + 1 - col0
+            # keys past seqlen_k see nothing (their K rows are TMA zero fill)
+            hi = cutlass.select_(key < self.seqlen_k, hi, lo)
+            for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                col = c[0, j][1]
                 outside = (col >= hi) | (col < lo)
                 s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))

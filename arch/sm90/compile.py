@@ -16,8 +16,9 @@ import dataclasses
 import cutlass
 import cutlass.cute as cute
 
+from .flash_bwd import FlashBwdSm90
 from .flash_fwd import FlashFwdSm90
-from .tile_config import FwdTileConfig
+from .tile_config import BwdTileConfig, FwdTileConfig
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
@@ -35,6 +36,19 @@ class FwdSpec:
     config: FwdTileConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class BwdSpec:
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    num_heads: int
+    num_heads_kv: int
+    has_left: bool
+    has_right: bool
+    has_softcap: bool
+    config: BwdTileConfig
+
+
 def _fake_bshd(dtype, heads: int, dim: int, b, s):
     stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8))
     return cute.runtime.make_fake_tensor(
@@ -42,6 +56,13 @@ def _fake_bshd(dtype, heads: int, dim: int, b, s):
         (b, s, heads, dim),
         stride=(*stride, cute.sym_int64(divisibility=8), 1),
         assumed_align=16,
+    )
+
+
+def _fake_rows(b, heads: int, s):
+    """(batch, heads, seq) fp32 per-row statistics (lse, D), compact."""
+    return cute.runtime.make_fake_compact_tensor(
+        cutlass.Float32, (b, heads, s), stride_order=(2, 1, 0), assumed_align=4
     )
 
 
@@ -62,9 +83,7 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
     k = _fake_bshd(dtype, spec.num_heads_kv, spec.head_dim, cute.sym_int(), sk)
     v = _fake_bshd(dtype, spec.num_heads_kv, spec.head_dim_v, cute.sym_int(), sk)
     o = _fake_bshd(dtype, spec.num_heads, spec.head_dim_v, b, sq)
-    lse = cute.runtime.make_fake_compact_tensor(
-        cutlass.Float32, (b, spec.num_heads, sq), stride_order=(2, 1, 0), assumed_align=4
-    )
+    lse = _fake_rows(b, spec.num_heads, sq)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(
@@ -81,3 +100,37 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
         stream,
         options=opts,
     )
+
+
+def compile_bwd(spec: BwdSpec, options: str = ""):
+    """TVM-FFI function (q, k, v, dout, lse_log2, dsum, dq_accum, dk, dv, softmax_scale_log2,
+    score_premul, softmax_scale, window_left, window_right); lse_log2 and dsum are padded to
+    a multiple of tile_m rows, dk / dv are per query head."""
+    dtype = DTYPES[spec.dtype]
+    kernel = FlashBwdSm90(
+        dtype,
+        spec.head_dim,
+        spec.head_dim_v,
+        spec.num_heads // spec.num_heads_kv,
+        spec.has_left,
+        spec.has_right,
+        spec.has_softcap,
+        spec.config,
+    )
+    h, hkv, d, dv = spec.num_heads, spec.num_heads_kv, spec.head_dim, spec.head_dim_v
+    b, sq, sk, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    q = _fake_bshd(dtype, h, d, b, sq)
+    k = _fake_bshd(dtype, hkv, d, cute.sym_int(), sk)
+    v = _fake_bshd(dtype, hkv, dv, cute.sym_int(), sk)
+    do = _fake_bshd(dtype, h, dv, b, sq)
+    dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq)
+    dk = _fake_bshd(dtype, h, d, b, sk)
+    dvt = _fake_bshd(dtype, h, dv, b, sk)
+    lse, dsum = _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    opts = ("--enable-tvm-ffi " + options).strip()
+    return cute.compile(
+        kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt,
+        cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
+        cutlass.Int32(0), cutlass.Int32(0), stream, options=opts,
+    )  # fmt: skip

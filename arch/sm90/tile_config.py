@@ -80,3 +80,45 @@ def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -
     # Overlap off: 672 vs 617 TFLOP/s at 16k, 649 vs 602 causal (O is 128 registers/thread,
     # two live S tiles do not pay); ping-pong neutral (616 vs 617): off.
     return FwdTileConfig(tile_n=80, pingpong=False, intra_wg_overlap=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdTileConfig:
+    """Static shape of one backward variant. A CTA owns tile_n keys (64 per consumer
+    warpgroup) and walks the query tiles of tile_m rows that see them."""
+
+    tile_m: int = 64  # query rows per mainloop iteration
+    tile_n: int = 128  # keys per CTA
+    num_stages: int = 2  # Q and dO smem stages; dS is double-buffered alongside
+    num_mma_warpgroups: int = 2
+
+    def __post_init__(self):
+        if self.tile_n != 64 * self.num_mma_warpgroups:
+            raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
+        if self.tile_m % 16 != 0 or not 16 <= self.tile_m <= 128:
+            raise ValueError(f"tile_m {self.tile_m} must be a multiple of 16 in [16, 128]")
+        if self.num_stages != 2:
+            raise ValueError("the backward double-buffers Q, dO and dS: num_stages must be 2")
+
+    def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        q = self.num_stages * self.tile_m * head_dim * elem_bytes
+        do = self.num_stages * self.tile_m * head_dim_v * elem_bytes
+        kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
+        ds = self.num_stages * self.tile_m * self.tile_n * elem_bytes
+        dq = self.tile_m * head_dim * 4  # fp32 staging for the dQ reduce-add
+        return q + do + kv + ds + dq + 1024
+
+
+# dK and dV accumulate in registers (64 keys x D per warpgroup, twice): D > 128 needs a
+# different split (dKV swapAB or 3 warpgroups) that is not written yet. D = 96: dQ's split
+# of the head dim over two warpgroups gives N = 48, which the MN-major (transposed K) wgmma
+# operand cannot take with a 64-byte swizzle; it needs a one-warpgroup dQ, not written yet.
+BWD_HEAD_DIMS = ((64, 64), (128, 128))
+
+
+def bwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> BwdTileConfig:
+    """Backward tuning table; pure function of static problem features."""
+    if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
+        raise ValueError(f"SM90 backward has no variant for head dims ({head_dim}, {head_dim_v})")
+    # Not tuned yet: 64 x 128 (FA3's hdim-128 causal shape) for every supported head dim.
+    return BwdTileConfig()

@@ -1,0 +1,668 @@
+"""FlashAttention backward for Hopper (SM90) in the CuTe DSL: dQ, dK, dV from saved lse.
+
+One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the query tiles
+(tile_m rows) that can see any of those keys:
+  * warpgroup 0 (registers lowered by setmaxnreg): warp 0 loads K and V once and then Q and dO
+    per query tile by TMA into two-stage mbarrier pipelines; warp 1 is the dQ writer: it adds
+    each query tile's dQ partial (fp32, staged in smem) into the global fp32 accumulator with
+    a TMA bulk reduce-add;
+  * warpgroups 1..2 (registers raised) each own 64 of the keys. Per query tile, with the
+    transposed products so the key rows stay in registers:
+        S^T = K Q^T, dP^T = V dO^T                     (wgmma SS)
+        P^T = exp2(S^T * scale_log2 - lse_log2)         (lse from the forward, exp2 domain)
+        dS^T = P^T (dP^T - D)   [times 1 - tanh^2 under softcap]
+        dV += P^T dO, dK += dS^T Q                      (wgmma RS: P^T, dS^T from registers)
+        dQ  = dS K                                      (wgmma SS: dS through smem, both
+                                                         warpgroups' keys, split along D)
+    masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
+    tile can see are never visited;
+  * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
+    TMA (rows past seqlen_k clipped). A key tile no query sees stores zeros.
+
+Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
+D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
+dQ and sums dK/dV over the query heads of a KV head (GQA). This kernel writes dK/dV per query
+head.
+
+Constraints: fp16/bf16; head dims from tile_config.BWD_HEAD_DIMS; (batch, seq, heads, dim)
+layout with contiguous last dim and 16-byte strides; lse_log2 and D are (batch, heads,
+seqlen_q rounded up to tile_m) fp32.
+
+Compile without a GPU: CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
+from ..common.mask import TileMask
+from .primitives import gemm, smem_layout, tma_tiles
+from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdRoles:
+    """Warp roles, register budgets and named-barrier ids of the backward kernel."""
+
+    num_mma_warpgroups: int = 2
+    load_warp: int = 0  # TMA loads of K, V, Q, dO
+    dq_warp: int = 1  # TMA reduce-add of each dQ partial
+    store_warp: int = 4  # first consumer warp: issues the dK/dV TMA stores
+    producer_regs: int = 24
+    mma_regs: int = 240
+    # named barrier ids (0 is __syncthreads)
+    bar_epilogue: int = 1
+    bar_ds: int = 2  # both consumer warpgroups wrote their half of dS
+    bar_dq_full: int = 3  # consumers -> dQ writer: sdQ holds a partial
+    bar_dq_empty: int = 4  # dQ writer -> consumers: sdQ may be overwritten
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (self.num_mma_warpgroups + 1)
+
+    @property
+    def num_mma_threads(self) -> int:
+        return 128 * self.num_mma_warpgroups
+
+    @property
+    def dq_sync_threads(self) -> int:
+        return self.num_mma_threads + 32
+
+
+class FlashBwdSm90:
+    def __init__(
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        head_dim_v: int,
+        qhead_per_kvhead: int,
+        has_left: bool,
+        has_right: bool,
+        has_softcap: bool,
+        config: BwdTileConfig,
+    ):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self.qhead_per_kvhead = qhead_per_kvhead
+        self.has_left = has_left
+        self.has_right = has_right
+        self.has_softcap = has_softcap
+        self.config = config
+        self.roles = BwdRoles(num_mma_warpgroups=config.num_mma_warpgroups)
+        self._setup_attributes()
+
+    def _setup_attributes(self):
+        cfg = self.config
+        if self.dtype not in (cutlass.BFloat16, cutlass.Float16):
+            raise TypeError(f"SM90 backward supports fp16/bf16, got {self.dtype}")
+        if (self.head_dim, self.head_dim_v) not in BWD_HEAD_DIMS:
+            raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
+        if cfg.num_mma_warpgroups != 2:
+            raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
+        smem = cfg.smem_bytes(self.head_dim, self.head_dim_v)
+        if smem > SMEM_BYTES_SM90:
+            raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
+        self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+        self.num_stages = cfg.num_stages
+
+    # ------------------------------------------------------------------ host-side launch
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_kv, d)
+        mV: cute.Tensor,  # (b, s_k, h_kv, dv)
+        mdO: cute.Tensor,  # (b, s_q, h, dv)
+        mLSE: cute.Tensor,  # (b, h, s_q padded) fp32, log2 domain, +inf on empty rows
+        mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, rowsum(dO * O) - dlse
+        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, zeroed; receives dS K (unscaled)
+        mdK: cute.Tensor,  # (b, s_k, h, d): per query head
+        mdV: cute.Tensor,  # (b, s_k, h, dv): per query head
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+        softmax_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        stream: cuda.CUstream,
+    ):
+        if cutlass.const_expr(mQ.element_type != self.dtype):
+            raise TypeError(f"q dtype {mQ.element_type} != compiled {self.dtype}")
+        # (seq, dim, head, batch): the seq x dim tile is what TMA and wgmma see
+        mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
+            select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdK, mdV)
+        ]
+        mLSE, mDsum = [select_modes(t, [2, 1, 0]) for t in (mLSE, mDsum)]  # (seq, head, batch)
+        d, dv, tm, tn = self.head_dim, self.head_dim_v, self.tile_m, self.tile_n
+        nwg = self.config.num_mma_warpgroups
+
+        def tiled_mma(a_major, b_major, atom_mnk, tiler_mn, a_rmem):
+            return sm90_utils.make_trivial_tiled_mma(
+                self.dtype,
+                self.dtype,
+                a_major,
+                b_major,
+                Float32,
+                atom_layout_mnk=atom_mnk,
+                tiler_mn=tiler_mn,
+                a_source=warpgroup.OperandSource.RMEM if a_rmem else warpgroup.OperandSource.SMEM,
+            )
+
+        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        # S^T = K Q^T and dP^T = V dO^T: warpgroups split the keys (the M mode)
+        tiled_mma_sdp = tiled_mma(K, K, (nwg, 1, 1), (64, tm), False)
+        # dK += dS^T Q, dV += P^T dO: A from registers (the S^T accumulator rows are keys)
+        tiled_mma_dk = tiled_mma(K, MN, (nwg, 1, 1), (64, d), True)
+        tiled_mma_dv = tiled_mma(K, MN, (nwg, 1, 1), (64, dv), True)
+        # dQ = dS K: every warpgroup needs all keys, so they split the head dim instead
+        tiled_mma_dq = tiled_mma(K, MN, (1, nwg, 1), (tm, d // nwg), False)
+
+        stages = self.num_stages
+        sQ_layout = smem_layout(self.dtype, tm, d, stages)
+        sdO_layout = smem_layout(self.dtype, tm, dv, stages)
+        sK_layout = smem_layout(self.dtype, tn, d, None)
+        sV_layout = smem_layout(self.dtype, tn, dv, None)
+        sdS_layout = smem_layout(self.dtype, tm, tn, stages)
+        # plain row-major: each thread's dQ addresses are one base + constants. A swizzled
+        # layout made ptxas hoist 16 XORed addresses out of the loop and spill them.
+        sdQ_layout = cute.make_layout((tm, d), stride=(d, 1))
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_store = cpasync.CopyBulkTensorTileS2GOp()
+
+        def tma(op, m, s_layout, tile):
+            return cpasync.make_tiled_tma_atom(op, m, cute.select(s_layout, mode=[0, 1]), tile)
+
+        tma_atom_Q, tma_Q = tma(tma_load, mQ, sQ_layout, (tm, d))
+        tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
+        tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, d))
+        tma_atom_V, tma_V = tma(tma_load, mV, sV_layout, (tn, dv))
+        tma_atom_dK, tma_dK = tma(tma_store, mdK, sK_layout, (tn, d))
+        tma_atom_dV, tma_dV = tma(tma_store, mdV, sV_layout, (tn, dv))
+        tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
+        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(tma_reduce, mdQacc, sdQ_layout, (tm, d))
+
+        def tile_bytes(layout):
+            return cute.size_in_bytes(self.dtype, cute.select(layout, mode=[0, 1]))
+
+        self.tx_bytes_q = tile_bytes(sQ_layout)
+        self.tx_bytes_do = tile_bytes(sdO_layout)
+        self.tx_bytes_kv = tile_bytes(sK_layout) + tile_bytes(sV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        num_n_blocks = cute.ceil_div(mK.shape[0], tn)
+        grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(
+            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+            tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
+            tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, tma_atom_dQ, tma_dQ,
+            mLSE, mDsum,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
+            softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
+        ).launch(
+            grid=grid,
+            block=[self.roles.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ device entry
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_dO: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_atom_dK: cute.CopyAtom,
+        mdK: cute.Tensor,
+        tma_atom_dV: cute.CopyAtom,
+        mdV: cute.Tensor,
+        tma_atom_dQ: cute.CopyAtom,
+        mdQacc: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDsum: cute.Tensor,
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.Layout,
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+        softmax_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        roles = self.roles
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == roles.load_warp:
+            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.num_mma_threads // 32)
+
+        def tma_pipeline(mbar, stages, tx_bytes):
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=mbar.data_ptr(),
+                num_stages=stages,
+                producer_group=producer,
+                consumer_group=consumers,
+                tx_count=tx_bytes,
+                defer_sync=True,
+            )
+
+        pipe_kv = tma_pipeline(storage.mbar_kv, 1, self.tx_bytes_kv)
+        pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, self.tx_bytes_q)
+        pipe_do = tma_pipeline(storage.mbar_do, self.num_stages, self.tx_bytes_do)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+
+        n_block, head, batch = cute.arch.block_idx()
+        mask = TileMask(
+            self.tile_m,
+            self.tile_n,
+            mQ.shape[0],
+            mK.shape[0],
+            window_left,
+            window_right,
+            self.has_left,
+            self.has_right,
+        )
+        m_min, m_max = mask.m_block_range(n_block)
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(roles.producer_regs)
+            if warp_idx == roles.load_warp:
+                self.load(
+                    tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                    sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
+                    n_block, head, batch, m_min, m_max,
+                )  # fmt: skip
+            if warp_idx == roles.dq_warp:
+                self.dq_writer(tma_atom_dQ, mdQacc, sdQ, head, batch, m_min, m_max)
+        else:
+            cute.arch.setmaxregister_increase(roles.mma_regs)
+            self.mma(
+                tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+                tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mDsum,
+                sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do, mask,
+                n_block, head, batch, m_min, m_max,
+                softmax_scale_log2, score_premul, softmax_scale,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ producer role
+    @cute.jit
+    def load(
+        self,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_dO: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        pipe_kv: pipeline.PipelineAsync,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_do: pipeline.PipelineAsync,
+        n_block: Int32,
+        head: Int32,
+        batch: Int32,
+        m_min: Int32,
+        m_max: Int32,
+    ):
+        head_kv = head // self.qhead_per_kvhead
+        d, dv, tm, tn = self.head_dim, self.head_dim_v, self.tile_m, self.tile_n
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (n_block, 0))
+        gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
+        gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
+        tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
+        tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
+        tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
+        tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO, gdO)
+        if m_max > m_min:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_kv.producer_acquire(kv_state)
+            kv_bar = pipe_kv.producer_get_barrier(kv_state)
+            cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=kv_bar)
+            cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=kv_bar)
+            producer = pipeline.PipelineUserType.Producer
+            state = pipeline.make_pipeline_state(producer, self.num_stages)
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                pipe_q.producer_acquire(state)
+                cute.copy(
+                    tma_atom_Q,
+                    tQgQ[None, m_block],
+                    tQsQ[None, state.index],
+                    tma_bar_ptr=pipe_q.producer_get_barrier(state),
+                )
+                pipe_do.producer_acquire(state)
+                cute.copy(
+                    tma_atom_dO,
+                    tdOgdO[None, m_block],
+                    tdOsdO[None, state.index],
+                    tma_bar_ptr=pipe_do.producer_get_barrier(state),
+                )
+                state.advance()
+            # producer_tail advances the state it is given: one copy per pipeline
+            pipe_q.producer_tail(state.clone())
+            pipe_do.producer_tail(state)
+            pipe_kv.producer_tail(kv_state)
+
+    # ------------------------------------------------------------------ dQ writer role
+    @cute.jit
+    def dq_writer(
+        self,
+        tma_atom_dQ: cute.CopyAtom,
+        mdQacc: cute.Tensor,
+        sdQ: cute.Tensor,
+        head: Int32,
+        batch: Int32,
+        m_min: Int32,
+        m_max: Int32,
+    ):
+        roles = self.roles
+        gdQ = cute.local_tile(
+            mdQacc[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0)
+        )
+        tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
+        # sdQ starts empty
+        cute.arch.barrier_arrive(
+            barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
+        )
+        for m_block in cutlass.range(m_min, m_max, unroll=1):
+            cute.arch.barrier(barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads)
+            cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block])
+            cute.arch.cp_async_bulk_commit_group()
+            # the reduce must have read sdQ before the consumers overwrite it
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier_arrive(
+                barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
+            )
+
+    # ------------------------------------------------------------------ consumer role
+    @cute.jit
+    def mma(
+        self,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        tma_atom_dK: cute.CopyAtom,
+        mdK: cute.Tensor,
+        tma_atom_dV: cute.CopyAtom,
+        mdV: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDsum: cute.Tensor,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdS: cute.Tensor,
+        sdQ: cute.Tensor,
+        pipe_kv: pipeline.PipelineAsync,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_do: pipeline.PipelineAsync,
+        mask: TileMask,
+        n_block: Int32,
+        head: Int32,
+        batch: Int32,
+        m_min: Int32,
+        m_max: Int32,
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+        softmax_scale: Float32,
+    ):
+        roles = self.roles
+        tm, tn = self.tile_m, self.tile_n
+        tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
+        wg = tidx // 128
+        wg_threads = cute.make_layout(self.config.num_mma_warpgroups, stride=128)
+        wg_sdp = tiled_mma_sdp.get_slice(wg_threads(wg))
+        wg_dk = tiled_mma_dk.get_slice(wg_threads(wg))
+        wg_dv = tiled_mma_dv.get_slice(wg_threads(wg))
+        wg_dq = tiled_mma_dq.get_slice(wg_threads(wg))
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_dq = tiled_mma_dq.get_slice(tidx)
+
+        # operand fragments (smem descriptors); stage modes stay last
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(transpose_smem_view(sdO)))
+        tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_smem_view(sQ)))
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_smem_view(sK)))
+
+        acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
+        acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C((tn, self.head_dim)), Float32)
+        acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C((tn, self.head_dim_v)), Float32)
+        acc_dk.fill(0.0)
+        acc_dv.fill(0.0)
+
+        # (key, query) coordinates of this thread's S^T elements
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor((tn, tm)))
+        cS = acc_as_rows_cols(tScS)
+        num_cols = cute.size(cS, mode=[1])
+        # dS^T registers -> dS in smem: transposing stmatrix through the S^T MMA's C layout
+        store_ds_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
+        )
+        thr_store_ds = cute.make_tiled_copy_C(store_ds_atom, tiled_mma_sdp).get_slice(tidx)
+        tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
+        tdQsdQ = thr_dq.partition_C(sdQ)
+
+        mLSE_bh = mLSE[None, head, batch]
+        mDsum_bh = mDsum[None, head, batch]
+
+        if m_max > m_min:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_kv.consumer_wait(kv_state)
+            consumer = pipeline.PipelineUserType.Consumer
+            state = pipeline.make_pipeline_state(consumer, self.num_stages)
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                stage = state.index
+                # ---- S^T = K Q^T, dP^T = V dO^T (both in flight while lse / D load)
+                acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
+                acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
+                pipe_q.consumer_wait(state)
+                gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
+                # lse_log2 and D of this thread's query columns (padded: no bounds checks)
+                r_lse = cute.make_rmem_tensor(num_cols, Float32)
+                r_dsum = cute.make_rmem_tensor(num_cols, Float32)
+                for j in cutlass.range_constexpr(num_cols):
+                    row = m_block * tm + cS[0, j][1]
+                    r_lse[j] = mLSE_bh[row]
+                    r_dsum[j] = mDsum_bh[row]
+                pipe_do.consumer_wait(state)
+                gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage], True)
+                warpgroup.wait_group(1)
+                # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
+                self._scores(acc_s, score_premul)
+                if mask.tile_needs_mask(m_block, n_block):
+                    mask.apply_transposed(acc_s, tScS, m_block, n_block)
+                tdVrP = self._probs_and_ds(acc_s, acc_dp, r_lse, r_dsum, softmax_scale_log2)
+                r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
+                r_ds.store(acc_dp.load().to(self.dtype))
+                tdKrdS = acc_as_operand_a(r_ds)  # the same registers, as dK's A operand
+                cute.copy(store_ds_atom, thr_store_ds.retile(r_ds), tdSsdS[None, None, None, stage])
+                # ---- dV += P^T dO (overlaps the dS exchange below)
+                gemm(tiled_mma_dv, acc_dv, tdVrP, tdVrdOt[None, None, None, stage], False)
+                # dS written by both warpgroups must be visible to the async proxy (wgmma)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads)
+                # ---- dQ = dS K, dK += dS^T Q
+                acc_dq = cute.make_rmem_tensor(
+                    wg_dq.partition_shape_C((tm, self.head_dim // 2)), Float32
+                )
+                gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
+                gemm(tiled_mma_dk, acc_dk, tdKrdS, tdKrQt[None, None, None, stage], False)
+                warpgroup.wait_group(1)  # dV and dQ done
+                pipe_do.consumer_release(state)
+                # ---- hand the dQ partial to the writer warp
+                cute.arch.barrier(
+                    barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
+                )
+                tdQsdQ.store(acc_dq.load())
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(
+                    barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads
+                )
+                warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
+                pipe_q.consumer_release(state)
+                state.advance()
+            pipe_kv.consumer_release(kv_state)
+        # balance the writer's last arrive on dq_empty (it also means the last reduce read sdQ)
+        cute.arch.barrier(barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads)
+        self.epilogue(
+            tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sK, sV,
+            acc_dk, acc_dv, tidx, n_block, head, batch, softmax_scale,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ epilogue role
+    @cute.jit
+    def epilogue(
+        self,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tma_atom_dK: cute.CopyAtom,
+        mdK: cute.Tensor,
+        tma_atom_dV: cute.CopyAtom,
+        mdV: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        acc_dk: cute.Tensor,
+        acc_dv: cute.Tensor,
+        tidx: Int32,
+        n_block: Int32,
+        head: Int32,
+        batch: Int32,
+        softmax_scale: Float32,
+    ):
+        roles = self.roles
+        r_dk = cute.make_rmem_tensor_like(acc_dk, self.dtype)
+        r_dk.store((acc_dk.load() * softmax_scale).to(self.dtype))
+        r_dv = cute.make_rmem_tensor_like(acc_dv, self.dtype)
+        r_dv.store(acc_dv.load().to(self.dtype))
+        # dK / dV are staged in the K / V buffers: every warpgroup must be done reading them
+        cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
+        store_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        thr_store_dk = cute.make_tiled_copy_C(store_atom, tiled_mma_dk).get_slice(tidx)
+        thr_store_dv = cute.make_tiled_copy_C(store_atom, tiled_mma_dv).get_slice(tidx)
+        cute.copy(store_atom, thr_store_dk.retile(r_dk), thr_store_dk.partition_D(sK))
+        cute.copy(store_atom, thr_store_dv.retile(r_dv), thr_store_dv.partition_D(sV))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == roles.store_warp:
+            tile_k = (self.tile_n, self.head_dim)
+            tile_v = (self.tile_n, self.head_dim_v)
+            gdK = cute.local_tile(mdK[None, None, head, batch], tile_k, (n_block, 0))
+            gdV = cute.local_tile(mdV[None, None, head, batch], tile_v, (n_block, 0))
+            tdKsdK, tdKgdK = tma_tiles(tma_atom_dK, sK, gdK)
+            tdVsdV, tdVgdV = tma_tiles(tma_atom_dV, sV, gdV)
+            cute.copy(tma_atom_dK, tdKsdK, tdKgdK)
+            cute.copy(tma_atom_dV, tdVsdV, tdVgdV)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _scores(self, acc_s: cute.Tensor, score_premul: Float32):
+        """Softcap (before masking, as in the forward): s <- tanh(s * scale / softcap); the
+        softcap factor itself is folded into softmax_scale_log2 by the host."""
+        if cutlass.const_expr(self.has_softcap):
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                acc_s[i] = cute.math.tanh(acc_s[i] * score_premul, fastmath=True)
+
+    @cute.jit
+    def _probs_and_ds(
+        self,
+        acc_s: cute.Tensor,
+        acc_dp: cute.Tensor,
+        r_lse: cute.Tensor,
+        r_dsum: cute.Tensor,
+        scale_log2: Float32,
+    ) -> cute.Tensor:
+        """P^T = exp2(S^T * scale_log2 - lse_log2) and, in acc_dp, dS^T = P^T (dP^T - D)
+        (times 1 - tanh^2 under softcap). Waits for the dP GEMM. Returns P^T in 16 bits viewed
+        as the A operand of dV += P^T dO.
+
+        Without softcap the exponentials run while dP is still in flight. With it, dP is
+        awaited first so that one pass has tanh, P and dP together: keeping 1 - tanh^2 in a
+        separate fragment made the D=128 variant spill. Masked scores are -inf, so P = 0, and
+        max(.., 0) keeps 0 * (1 - inf^2) from becoming NaN.
+        """
+        s = acc_as_rows_cols(acc_s)
+        dp = acc_as_rows_cols(acc_dp)
+        rows, cols = cute.size(s, mode=[0]), cute.size(s, mode=[1])
+        if cutlass.const_expr(not self.has_softcap):
+            for r in cutlass.range_constexpr(rows):
+                for j in cutlass.range_constexpr(cols):
+                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - r_lse[j], fastmath=True)
+            warpgroup.wait_group(0)
+            for r in cutlass.range_constexpr(rows):
+                for j in cutlass.range_constexpr(cols):
+                    dp[r, j] = s[r, j] * (dp[r, j] - r_dsum[j])
+        else:
+            warpgroup.wait_group(0)
+            for r in cutlass.range_constexpr(rows):
+                for j in cutlass.range_constexpr(cols):
+                    t = s[r, j]
+                    p = cute.math.exp2(t * scale_log2 - r_lse[j], fastmath=True)
+                    s[r, j] = p
+                    dtanh = cute.arch.fmax(1.0 - t * t, Float32(0.0))
+                    dp[r, j] = p * (dp[r, j] - r_dsum[j]) * dtanh
+        r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
+        r_p.store(acc_s.load().to(self.dtype))
+        return acc_as_operand_a(r_p)

@@ -1,0 +1,145 @@
+"""Host side of the SM90 backward kernel: compile key, cached build, pre/postprocess, launch.
+
+The kernel (torch-free) is cute_attn.arch.sm90.flash_bwd. Around its one launch this module
+runs, in PyTorch on the same stream:
+  * preprocess: lse_log2 = lse * log2(e) (+inf for empty rows, whose scores are all -inf, and
+    for the padding up to a multiple of tile_m, so P = 0 there without a bounds check);
+    D = rowsum(dO * O) - dlse in fp32; the fp32 dQ accumulator zeroed;
+  * postprocess: dQ = accumulator * softmax_scale in the input dtype; for GQA / MQA dK and dV
+    (written per query head) summed in fp32 over the query heads sharing a KV head.
+These are memory-bound torch ops; fusing them into CuTe kernels is a listed follow-up.
+
+`backward(...)` is the entry the autograd formulas call: SM90 kernel when it serves the
+problem, else the reference's analytic backward (recorded in `last_dispatch()`, warned once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import torch
+
+from . import dispatch, reference
+from .arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+from .cache import KernelKey, compiled_cache
+from .fwd_sm90 import ARCH, _dump_dir, softmax_scales, unsupported_reason
+from .problem import AttnProblem
+
+_LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdKey(KernelKey):
+    """Everything that changes the generated backward code. Lengths, windows are runtime."""
+
+    arch: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    num_heads: int
+    num_heads_kv: int
+    has_left: bool
+    has_right: bool
+    has_softcap: bool
+    tile: tuple  # dataclasses.astuple(BwdTileConfig)
+
+
+def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
+    return _bwd_key(
+        arch, p.dtype, p.head_dim, p.head_dim_v, p.num_heads, p.num_heads_kv,
+        p.window_left >= 0, p.window_right >= 0, p.softcap > 0.0, p.causal, p.is_local,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
+    cfg = bwd_tile_config(d, dv, causal, local)
+    return BwdKey(
+        arch=arch, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads=h, num_heads_kv=hkv,
+        has_left=has_left, has_right=has_right, has_softcap=has_softcap,
+        tile=dataclasses.astuple(cfg),
+    )  # fmt: skip
+
+
+@compiled_cache("sm90_bwd")
+def build_bwd(key: BwdKey):
+    from .arch.sm90.compile import BwdSpec, compile_bwd  # imports cutlass: only when building
+
+    fields = {f.name for f in dataclasses.fields(BwdSpec)} - {"config"}
+    spec = BwdSpec(**{name: getattr(key, name) for name in fields}, config=BwdTileConfig(*key.tile))
+    options = ""
+    if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":
+        options = f"--keep-ptx --keep-cubin --dump-dir={_dump_dir()}"
+    return compile_bwd(spec, options)
+
+
+def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:
+    if p.deterministic:
+        return "deterministic=True: the SM90 backward adds dQ partials in arrival order"
+    return unsupported_reason(p, tensors, BWD_HEAD_DIMS)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    # dO from autograd can be any view (an expanded zero, a transpose): TMA needs 16-byte
+    # aligned base and strides
+    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+        return t.contiguous()
+    return t
+
+
+def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
+    """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log."""
+    b, sq, h, d = q.shape
+    sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
+    if b == 0 or sq == 0 or sk == 0:
+        return tuple(t.new_zeros(t.shape) for t in (q, k, v))
+    key = bwd_key(p)
+    cfg = BwdTileConfig(*key.tile)
+    dout = _tma_ready(dout)
+    sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
+    lse_log2 = torch.full((b, h, sq_pad), math.inf, dtype=torch.float32, device=q.device)
+    lse_log2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse * _LOG2E)
+    dsum = torch.zeros((b, h, sq_pad), dtype=torch.float32, device=q.device)
+    delta = torch.einsum("bshd,bshd->bhs", dout.float(), out.float())
+    if dlse is not None:
+        delta = delta - dlse.float()
+    dsum[:, :, :sq] = delta
+    dq_acc = torch.zeros((b, sq, h, d), dtype=torch.float32, device=q.device)
+    dk_h = torch.empty((b, sk, h, d), dtype=q.dtype, device=q.device)
+    dv_h = torch.empty((b, sk, h, dv_dim), dtype=q.dtype, device=q.device)
+    fn = build_bwd(key)
+    scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
+    args = (
+        q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, scale_log2, premul,
+        p.softmax_scale, max(p.window_left, 0), max(p.window_right, 0),
+    )  # fmt: skip
+    if q.device.index == torch.cuda.current_device():
+        fn(*args)
+    else:
+        with torch.cuda.device(q.device):
+            fn(*args)
+    dq = (dq_acc * p.softmax_scale).to(q.dtype)
+    if h == hkv:
+        return dq, dk_h, dv_h
+    g = h // hkv
+    dk = dk_h.view(b, sk, hkv, g, d).sum(3, dtype=torch.float32).to(k.dtype)
+    dv = dv_h.view(b, sk, hkv, g, dv_dim).sum(3, dtype=torch.float32).to(v.dtype)
+    return dq, dk, dv
+
+
+def backward(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
+    """Gradients (dq, dk, dv), contiguous, in the input dtypes: the SM90 kernel when it serves
+    the problem, else the reference's analytic backward (warned once per reason, recorded)."""
+    d = dispatch.select_backward(
+        p, (("q", q), ("k", k), ("v", v), ("out", out)), bwd_unsupported_reason
+    )
+    if d.impl == "sm90_bwd":
+        return run_bwd(q, k, v, out, lse, dout, p, dlse)
+    dq, dk, dv = reference.attention_ref_backward(
+        q, k, v, out, lse, dout, softmax_scale=p.softmax_scale, causal=False,
+        window_size=(p.window_left, p.window_right), softcap=p.softcap, dlse=dlse,
+    )  # fmt: skip
+    return tuple(g.to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v)))

@@ -1,0 +1,182 @@
+"""SM90 backward kernel vs the fp32 reference (GPU, `gpu` marker).
+
+Gradients come through the public path (flash_attn_func + autograd) with a random dO. The
+tolerance is the FlashAttention rule per gradient: max|g - g_ref32| <= 2 * max|g_torch -
+g_ref32| + atol, where g_torch is plain torch autograd of the reference in the input dtype and
+atol covers rounding the fp32 reference gradient to the input dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from cute_attn import flash_attn_func, last_dispatch
+from cute_attn.reference import attention_ref
+
+
+def _inputs(b, sq, sk, h, hkv, d, dv, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    return mk(b, sq, h, d), mk(b, sk, hkv, d), mk(b, sk, hkv, dv), mk(b, sq, h, dv)
+
+
+def _grads(fn, q, k, v, dout, dlse_w=None):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    loss = (out.float() * dout.float()).sum()
+    if dlse_w is not None:  # lse used downstream: its gradient must flow back too
+        fin = torch.isfinite(lse)
+        loss = loss + (torch.where(fin, lse, 0.0) * dlse_w).sum()
+    gq, gk, gv = torch.autograd.grad(loss, (q, k, v))
+    return out, gq, gk, gv
+
+
+def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
+    dlse_w = None
+    if lse_grad:
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        dlse_w = torch.randn(q.shape[0], q.shape[2], q.shape[1], device="cuda", generator=gen)
+    _, *got = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout, dlse_w)
+    d = last_dispatch()
+    assert (d.entry, d.impl) == ("backward", expect), d
+    f32 = [t.float() for t in (q, k, v, dout)]
+    _, *ref = _grads(lambda a, b, c: attention_ref(a, b, c, **kw), *f32, dlse_w)
+    _, *same = _grads(
+        lambda a, b, c: attention_ref(a, b, c, compute_dtype=None, **kw), q, k, v, dout, dlse_w
+    )
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        assert g.dtype == q.dtype and g.shape == s.shape, (name, g.dtype, g.shape)
+        assert not g.isnan().any(), f"{name}: NaN"
+        err = (g.float() - r).abs().max().item()
+        base = (s.float() - r).abs().max().item()
+        atol = (r.to(q.dtype).float() - r).abs().max().item() + 1e-5
+        assert err <= 2 * base + atol, f"{name} err {err:.3e} > 2 * {base:.3e} + {atol:.3e}"
+    return got
+
+
+SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 300), (128, 128), (1024, 1024),
+           (333, 777), (777, 333)]  # fmt: skip
+HEAD_DIMS = [(64, 64), (128, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,dv", HEAD_DIMS)
+@pytest.mark.parametrize("sq,sk", SEQLENS)
+@pytest.mark.parametrize("mode", ["full", "causal", "window", "softcap"])
+def test_bwd_sweep(dtype, d, dv, sq, sk, mode):
+    kw = {}
+    if mode == "causal":
+        kw["causal"] = True
+    elif mode == "window":
+        kw["window_size"] = (37, 11)
+    elif mode == "softcap":
+        kw.update(softcap=15.0, causal=True)
+    b = 1 + (sq * 7 + sk) % 3
+    _check(*_inputs(b, sq, sk, 6, 2, d, dv, dtype), **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,hkv", [(6, 6), (6, 3), (6, 1)])
+@pytest.mark.parametrize("window", [(None, None), (0, 0), (64, None), (None, 64), (5, -1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_gqa_windows(h, hkv, window, causal):
+    _check(*_inputs(3, 300, 457, h, hkv, 128, 128, torch.bfloat16), causal=causal,
+           window_size=window)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 4, 9])
+def test_bwd_batches_and_long(b):
+    _check(*_inputs(b, 4224 // b, 4224 // b, 4, 4, 128, 128, torch.bfloat16), causal=True)
+
+
+@pytest.mark.gpu
+def test_bwd_empty_rows_and_unseen_keys():
+    # Sq > Sk causal: the first Sq - Sk rows see nothing (zero dQ rows, no NaN)
+    got = _check(*_inputs(2, 300, 40, 4, 2, 64, 64, torch.float16), causal=True, softmax_scale=0.3)
+    assert (got[0][:, :260] == 0).all()
+    # a left window leaves the first keys unseen by any query: their dK / dV are exactly 0
+    got = _check(*_inputs(2, 64, 400, 4, 4, 128, 128, torch.bfloat16), window_size=(10, 0))
+    assert (got[1][:, :300] == 0).all() and (got[2][:, :300] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_lse_gradient(causal):
+    _check(*_inputs(2, 257, 300, 4, 2, 128, 128, torch.bfloat16), lse_grad=True, causal=causal)
+
+
+@pytest.mark.gpu
+def test_bwd_only_lse_used():
+    q, k, v, _ = _inputs(1, 100, 120, 2, 2, 64, 64, torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    _, lse = flash_attn_func(q, k, v)
+    lse.sum().backward()  # out unused: its gradient arrives as None
+    assert last_dispatch().impl == "sm90_bwd"
+    qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+    attention_ref(qr, kr, vr)[1].sum().backward()
+    for a, r in ((q, qr), (k, kr), (v, vr)):
+        assert (a.grad.float() - r.grad).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_bwd_unserved_head_dim_falls_back_to_reference():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _check(*_inputs(1, 70, 90, 2, 1, 256, 256, torch.bfloat16), causal=True,
+               expect="reference")  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_bwd_noncontiguous_dout_and_views():
+    qkv = torch.randn(2, 333, 3, 8, 128, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(2, 8, 333, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    _check(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dout, causal=True)
+
+
+@pytest.mark.gpu
+def test_bwd_torch_compile_training_step():
+    torch._dynamo.reset()
+    q, k, v, dout = _inputs(2, 256, 256, 4, 2, 128, 128, torch.bfloat16)
+
+    def step(q, k, v):
+        out, lse = flash_attn_func(q, k, v, causal=True)
+        return (out.float() * dout.float()).sum() + lse.sum() * 1e-3
+
+    grads = {}
+    for name, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        fn(qq, kk, vv).backward()
+        grads[name] = (qq.grad, kk.grad, vv.grad)
+    for a, b in zip(grads["eager"], grads["compiled"]):
+        # same kernels, but dQ partials are added in arrival order: not bitwise
+        assert (a.float() - b.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_bwd_cuda_graph_replay_matches_eager():
+    q, k, v, dout = _inputs(2, 300, 300, 4, 2, 128, 128, torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def fwd_bwd():
+        out, _ = flash_attn_func(q, k, v, causal=True)
+        return torch.autograd.grad((out.float() * dout.float()).sum(), (q, k, v))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: compile and load every kernel outside the capture
+            eager = fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fwd_bwd()
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):
+        assert (a.float() - b.float()).abs().max().item() < 2e-2
