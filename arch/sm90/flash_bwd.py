@@ -373,6 +373,10 @@ class FlashBwdSm90:
             kv_bar = pipe_kv.producer_get_barrier(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=kv_bar)
             cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=kv_bar)
+            # the tail below waits on the parity of the *next* use of the stage: without this
+            # advance it waited for a release that never comes (a hang once the consumers
+            # had already released K/V)
+            kv_state.advance()
             producer = pipeline.PipelineUserType.Producer
             state = pipeline.make_pipeline_state(producer, self.num_stages)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
