@@ -2,7 +2,8 @@
 
 Public API (every entry point returns `(out, lse)`):
     flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, merge_attn_states,
-    last_dispatch
+    last_dispatch, last_backward_dispatch (process-wide: autograd runs backward on its own
+    threads)
 
 Layout is (batch, seq, heads, dim) -- NOT SDPA's (batch, heads, seq, dim); a transposed input
 of compatible sizes cannot always be detected. See docs/contract.md.
@@ -18,6 +19,7 @@ _API = {
     "flash_attn_varlen_func": "api",
     "flash_attn_with_kvcache": "api",
     "last_dispatch": "dispatch",
+    "last_backward_dispatch": "dispatch",
     "merge_attn_states": "inference",
 }
 

@@ -490,7 +490,8 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
         if impl == "cute_attn":
             import cute_attn
 
-            d = cute_attn.last_dispatch()
+            # the backward runs on autograd's thread: its decision is process-wide
+            d = cute_attn.last_backward_dispatch() if bwd else cute_attn.last_dispatch()
             res["dispatch"] = getattr(d, "impl", None)
             if res["dispatch"] == "reference":
                 reason = getattr(d, "reason", "")

@@ -51,7 +51,24 @@ def last_dispatch() -> Decision | None:
     return getattr(_local, "decision", None)
 
 
+_backward_lock = threading.Lock()
+_last_backward: Decision | None = None
+
+
+def last_backward_dispatch() -> Decision | None:
+    """The decision of the most recent backward in this process (None before any).
+
+    Process-wide, not thread-local: autograd runs CUDA backward passes on its own worker
+    threads, where the caller's `last_dispatch()` cannot see them."""
+    with _backward_lock:
+        return _last_backward
+
+
 def _record(d: Decision) -> Decision:
+    global _last_backward
+    if d.entry == "backward":
+        with _backward_lock:
+            _last_backward = d
     _local.decision = d
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s -> %s (%s): %s", d.entry, d.impl, d.arch, d.reason)

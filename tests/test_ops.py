@@ -73,7 +73,7 @@ def test_backward_op_records_dispatch_and_matches_reference():
     out, lse = ops.fwd(q, k, v, 0.25, 3, 1, 0.0, "")
     dout = torch.randn_like(out)
     dq, dk, dv = ops.bwd(q, k, v, out, lse, dout, None, 0.25, 3, 1, 0.0)
-    d = cute_attn.last_dispatch()
+    d = cute_attn.last_backward_dispatch()
     assert (d.entry, d.impl) == ("backward", "reference"), d
     qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
     ref, _ = attention_ref(qr, kr, vr, softmax_scale=0.25, window_size=(3, 1),
