@@ -56,7 +56,7 @@ def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
-    cfg = bwd_tile_config(d, dv, causal, local)
+    cfg = bwd_tile_config(d, dv, causal, local, has_softcap)
     return BwdKey(
         arch=arch, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads=h, num_heads_kv=hkv,
         has_left=has_left, has_right=has_right, has_softcap=has_softcap,

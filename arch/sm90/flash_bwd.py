@@ -2,10 +2,10 @@
 
 One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the query tiles
 (tile_m rows) that can see any of those keys:
-  * warpgroup 0 (registers lowered by setmaxnreg): warp 0 loads K and V once and then Q and dO
-    per query tile by TMA into two-stage mbarrier pipelines; warp 1 is the dQ writer: it adds
-    each query tile's dQ partial (fp32, staged in smem) into the global fp32 accumulator with
-    a TMA bulk reduce-add;
+  * warpgroup 0 (registers lowered by setmaxnreg): warp 0 loads K and V once and then Q with
+    lse and dO with D per query tile by TMA into two-stage mbarrier pipelines; warp 1 is the
+    dQ writer: it adds each query tile's dQ partial (fp32, staged in smem) into the global
+    fp32 accumulator with a TMA bulk reduce-add;
   * warpgroups 1..2 (registers raised) each own 64 of the keys. Per query tile, with the
     transposed products so the key rows stay in registers:
         S^T = K Q^T, dP^T = V dO^T                     (wgmma SS)
@@ -114,6 +114,11 @@ class FlashBwdSm90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
+        # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
+        # or its head dim (tile_m = 64)
+        self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups
+        if not self.dq_split_rows and cfg.tile_m != 64:
+            raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -163,8 +168,12 @@ class FlashBwdSm90:
         # dK += dS^T Q, dV += P^T dO: A from registers (the S^T accumulator rows are keys)
         tiled_mma_dk = tiled_mma(K, MN, (nwg, 1, 1), (64, d), True)
         tiled_mma_dv = tiled_mma(K, MN, (nwg, 1, 1), (64, dv), True)
-        # dQ = dS K: every warpgroup needs all keys, so they split the head dim instead
-        tiled_mma_dq = tiled_mma(K, MN, (1, nwg, 1), (tm, d // nwg), False)
+        # dQ = dS K: every warpgroup needs all keys, so they split the query rows when there
+        # are 64 per warpgroup, else the head dim
+        if cutlass.const_expr(self.dq_split_rows):
+            tiled_mma_dq = tiled_mma(K, MN, (nwg, 1, 1), (64, d), False)
+        else:
+            tiled_mma_dq = tiled_mma(K, MN, (1, nwg, 1), (tm, d // nwg), False)
 
         stages = self.num_stages
         sQ_layout = smem_layout(self.dtype, tm, d, stages)
@@ -172,9 +181,7 @@ class FlashBwdSm90:
         sK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
         sdS_layout = smem_layout(self.dtype, tm, tn, stages)
-        # plain row-major: each thread's dQ addresses are one base + constants. A swizzled
-        # layout made ptxas hoist 16 XORed addresses out of the loop and spill them.
-        sdQ_layout = cute.make_layout((tm, d), stride=(d, 1))
+        sdQ_layout = smem_layout(Float32, tm, d, None)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -185,6 +192,14 @@ class FlashBwdSm90:
         tma_atom_Q, tma_Q = tma(tma_load, mQ, sQ_layout, (tm, d))
         tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
         tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, d))
+        # per-row statistics ride with Q (lse) and dO (D): one 1-D TMA tile each
+        sRow_layout = cute.make_layout((tm, stages))
+        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(
+            tma_load, mLSE, cute.make_layout(tm), (tm,)
+        )
+        tma_atom_Dsum, tma_Dsum = cpasync.make_tiled_tma_atom(
+            tma_load, mDsum, cute.make_layout(tm), (tm,)
+        )
         tma_atom_V, tma_V = tma(tma_load, mV, sV_layout, (tn, dv))
         tma_atom_dK, tma_dK = tma(tma_store, mdK, sK_layout, (tn, d))
         tma_atom_dV, tma_dV = tma(tma_store, mdV, sV_layout, (tn, dv))
@@ -194,8 +209,8 @@ class FlashBwdSm90:
         def tile_bytes(layout):
             return cute.size_in_bytes(self.dtype, cute.select(layout, mode=[0, 1]))
 
-        self.tx_bytes_q = tile_bytes(sQ_layout)
-        self.tx_bytes_do = tile_bytes(sdO_layout)
+        self.tx_bytes_q = tile_bytes(sQ_layout) + tm * 4
+        self.tx_bytes_do = tile_bytes(sdO_layout) + tm * 4
         self.tx_bytes_kv = tile_bytes(sK_layout) + tile_bytes(sV_layout)
 
         @cute.struct
@@ -209,6 +224,8 @@ class FlashBwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
 
         self.shared_storage = SharedStorage
 
@@ -218,8 +235,8 @@ class FlashBwdSm90:
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, tma_atom_dQ, tma_dQ,
-            mLSE, mDsum,
-            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
+            tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
         ).launch(
             grid=grid,
@@ -250,14 +267,17 @@ class FlashBwdSm90:
         mdV: cute.Tensor,
         tma_atom_dQ: cute.CopyAtom,
         mdQacc: cute.Tensor,
+        tma_atom_LSE: cute.CopyAtom,
         mLSE: cute.Tensor,
+        tma_atom_Dsum: cute.CopyAtom,
         mDsum: cute.Tensor,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
-        sdQ_layout: cute.Layout,
+        sdQ_layout: cute.ComposedLayout,
+        sRow_layout: cute.Layout,
         softmax_scale_log2: Float32,
         score_premul: Float32,
         softmax_scale: Float32,
@@ -267,7 +287,7 @@ class FlashBwdSm90:
         roles = self.roles
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.load_warp:
-            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V):
+            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE):
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
@@ -294,7 +314,9 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sLSE = storage.sLSE.get_tensor(sRow_layout)
+        sDsum = storage.sDsum.get_tensor(sRow_layout)
 
         n_block, head, batch = cute.arch.block_idx()
         mask = TileMask(
@@ -317,7 +339,8 @@ class FlashBwdSm90:
             if warp_idx == roles.load_warp:
                 self.load(
                     tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
-                    sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
+                    tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
+                    sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                     n_block, head, batch, m_min, m_max,
                 )  # fmt: skip
             if warp_idx == roles.dq_warp:
@@ -326,8 +349,8 @@ class FlashBwdSm90:
             cute.arch.setmaxregister_increase(roles.mma_regs)
             self.mma(
                 tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
-                tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mDsum,
-                sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do, mask,
+                tma_atom_dK, mdK, tma_atom_dV, mdV,
+                sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
                 n_block, head, batch, m_min, m_max,
                 softmax_scale_log2, score_premul, softmax_scale,
             )  # fmt: skip
@@ -344,10 +367,16 @@ class FlashBwdSm90:
         mK: cute.Tensor,
         tma_atom_V: cute.CopyAtom,
         mV: cute.Tensor,
+        tma_atom_LSE: cute.CopyAtom,
+        mLSE: cute.Tensor,
+        tma_atom_Dsum: cute.CopyAtom,
+        mDsum: cute.Tensor,
         sQ: cute.Tensor,
         sdO: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDsum: cute.Tensor,
         pipe_kv: pipeline.PipelineAsync,
         pipe_q: pipeline.PipelineAsync,
         pipe_do: pipeline.PipelineAsync,
@@ -367,6 +396,10 @@ class FlashBwdSm90:
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
         tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO, gdO)
+        gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))
+        gDsum = cute.local_tile(mDsum[None, head, batch], (tm,), (None,))
+        tLsL, tLgL = tma_tiles(tma_atom_LSE, sLSE, gLSE, rank=1)
+        tDsD, tDgD = tma_tiles(tma_atom_Dsum, sDsum, gDsum, rank=1)
         if m_max > m_min:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_kv.producer_acquire(kv_state)
@@ -381,18 +414,23 @@ class FlashBwdSm90:
             state = pipeline.make_pipeline_state(producer, self.num_stages)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 pipe_q.producer_acquire(state)
+                q_bar = pipe_q.producer_get_barrier(state)
                 cute.copy(
-                    tma_atom_Q,
-                    tQgQ[None, m_block],
-                    tQsQ[None, state.index],
-                    tma_bar_ptr=pipe_q.producer_get_barrier(state),
+                    tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=q_bar
+                )
+                cute.copy(
+                    tma_atom_LSE, tLgL[None, m_block], tLsL[None, state.index], tma_bar_ptr=q_bar
                 )
                 pipe_do.producer_acquire(state)
+                do_bar = pipe_do.producer_get_barrier(state)
                 cute.copy(
                     tma_atom_dO,
                     tdOgdO[None, m_block],
                     tdOsdO[None, state.index],
-                    tma_bar_ptr=pipe_do.producer_get_barrier(state),
+                    tma_bar_ptr=do_bar,
+                )
+                cute.copy(
+                    tma_atom_Dsum, tDgD[None, m_block], tDsD[None, state.index], tma_bar_ptr=do_bar
                 )
                 state.advance()
             # producer_tail advances the state it is given: one copy per pipeline
@@ -443,14 +481,14 @@ class FlashBwdSm90:
         mdK: cute.Tensor,
         tma_atom_dV: cute.CopyAtom,
         mdV: cute.Tensor,
-        mLSE: cute.Tensor,
-        mDsum: cute.Tensor,
         sQ: cute.Tensor,
         sdO: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
         sdS: cute.Tensor,
         sdQ: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDsum: cute.Tensor,
         pipe_kv: pipeline.PipelineAsync,
         pipe_q: pipeline.PipelineAsync,
         pipe_do: pipeline.PipelineAsync,
@@ -487,6 +525,7 @@ class FlashBwdSm90:
         tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_smem_view(sK)))
 
         acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
+        acc_shape_dq = thr_dq.partition_shape_C((tm, self.head_dim))
         acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C((tn, self.head_dim)), Float32)
         acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C((tn, self.head_dim_v)), Float32)
         acc_dk.fill(0.0)
@@ -494,8 +533,6 @@ class FlashBwdSm90:
 
         # (key, query) coordinates of this thread's S^T elements
         tScS = thr_sdp.partition_C(cute.make_identity_tensor((tn, tm)))
-        cS = acc_as_rows_cols(tScS)
-        num_cols = cute.size(cS, mode=[1])
         # dS^T registers -> dS in smem: transposing stmatrix through the S^T MMA's C layout
         store_ds_atom = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
@@ -504,8 +541,11 @@ class FlashBwdSm90:
         tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
         tdQsdQ = thr_dq.partition_C(sdQ)
 
-        mLSE_bh = mLSE[None, head, batch]
-        mDsum_bh = mDsum[None, head, batch]
+        # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
+        # through a (tn, tm, stages) view that ignores the key index (stride 0)
+        bcast = cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, tm))
+        sLSE_st = cute.make_tensor(sLSE.iterator, bcast)
+        sDsum_st = cute.make_tensor(sDsum.iterator, bcast)
 
         if m_max > m_min:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -519,13 +559,8 @@ class FlashBwdSm90:
                 acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
                 pipe_q.consumer_wait(state)
                 gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
-                # lse_log2 and D of this thread's query columns (padded: no bounds checks)
-                r_lse = cute.make_rmem_tensor(num_cols, Float32)
-                r_dsum = cute.make_rmem_tensor(num_cols, Float32)
-                for j in cutlass.range_constexpr(num_cols):
-                    row = m_block * tm + cS[0, j][1]
-                    r_lse[j] = mLSE_bh[row]
-                    r_dsum[j] = mDsum_bh[row]
+                # this thread's query columns of lse_log2 / D, read from smem where used
+                t_lse = acc_as_rows_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
                 pipe_do.consumer_wait(state)
                 gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage], True)
                 warpgroup.wait_group(1)
@@ -533,7 +568,8 @@ class FlashBwdSm90:
                 self._scores(acc_s, score_premul)
                 if mask.tile_needs_mask(m_block, n_block):
                     mask.apply_transposed(acc_s, tScS, m_block, n_block)
-                tdVrP = self._probs_and_ds(acc_s, acc_dp, r_lse, r_dsum, softmax_scale_log2)
+                t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage]))
+                tdVrP = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
                 r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
                 r_ds.store(acc_dp.load().to(self.dtype))
                 tdKrdS = acc_as_operand_a(r_ds)  # the same registers, as dK's A operand
@@ -544,9 +580,7 @@ class FlashBwdSm90:
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads)
                 # ---- dQ = dS K, dK += dS^T Q
-                acc_dq = cute.make_rmem_tensor(
-                    wg_dq.partition_shape_C((tm, self.head_dim // 2)), Float32
-                )
+                acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
                 gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
                 gemm(tiled_mma_dk, acc_dk, tdKrdS, tdKrQt[None, None, None, stage], False)
                 warpgroup.wait_group(1)  # dV and dQ done
@@ -634,8 +668,8 @@ class FlashBwdSm90:
         self,
         acc_s: cute.Tensor,
         acc_dp: cute.Tensor,
-        r_lse: cute.Tensor,
-        r_dsum: cute.Tensor,
+        t_lse: cute.Tensor,
+        t_dsum: cute.Tensor,
         scale_log2: Float32,
     ) -> cute.Tensor:
         """P^T = exp2(S^T * scale_log2 - lse_log2) and, in acc_dp, dS^T = P^T (dP^T - D)
@@ -653,20 +687,20 @@ class FlashBwdSm90:
         if cutlass.const_expr(not self.has_softcap):
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - r_lse[j], fastmath=True)
+                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[0, j], fastmath=True)
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    dp[r, j] = s[r, j] * (dp[r, j] - r_dsum[j])
+                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[0, j])
         else:
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
                     t = s[r, j]
-                    p = cute.math.exp2(t * scale_log2 - r_lse[j], fastmath=True)
+                    p = cute.math.exp2(t * scale_log2 - t_lse[0, j], fastmath=True)
                     s[r, j] = p
                     dtanh = cute.arch.fmax(1.0 - t * t, Float32(0.0))
-                    dp[r, j] = p * (dp[r, j] - r_dsum[j]) * dtanh
+                    dp[r, j] = p * (dp[r, j] - t_dsum[0, j]) * dtanh
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return acc_as_operand_a(r_p)

@@ -26,10 +26,11 @@ def smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int 
     return cute.tile_to_shape(atom, shape, order=order)
 
 
-def tma_tiles(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
-    """(smem, gmem) TMA views of a (rows, cols[, stage or tile index]) tile pair, no multicast."""
+def tma_tiles(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor, rank: int = 2):
+    """(smem, gmem) TMA views of a tile pair whose first `rank` modes are the tile ((rows,
+    cols) by default; 1 for a row vector) and the rest a stage or tile index. No multicast."""
     return cpasync.tma_partition(
-        atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
+        atom, 0, cute.make_layout(1), cute.group_modes(s, 0, rank), cute.group_modes(g, 0, rank)
     )
 
 

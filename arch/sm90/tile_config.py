@@ -95,8 +95,9 @@ class BwdTileConfig:
     def __post_init__(self):
         if self.tile_n != 64 * self.num_mma_warpgroups:
             raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
-        if self.tile_m % 16 != 0 or not 16 <= self.tile_m <= 128:
-            raise ValueError(f"tile_m {self.tile_m} must be a multiple of 16 in [16, 128]")
+        if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
+            # dQ's wgmma takes 64 rows per warpgroup: split over rows or over the head dim
+            raise ValueError(f"tile_m {self.tile_m} must be 64 or 64 * num_mma_warpgroups")
         if self.num_stages != 2:
             raise ValueError("the backward double-buffers Q, dO and dS: num_stages must be 2")
 
@@ -106,7 +107,8 @@ class BwdTileConfig:
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
         ds = self.num_stages * self.tile_m * self.tile_n * elem_bytes
         dq = self.tile_m * head_dim * 4  # fp32 staging for the dQ reduce-add
-        return q + do + kv + ds + dq + 1024
+        rows = 2 * self.num_stages * self.tile_m * 4  # lse and D per query row
+        return q + do + kv + ds + dq + rows + 1024
 
 
 # dK and dV accumulate in registers (64 keys x D per warpgroup, twice): D > 128 needs a
@@ -116,9 +118,17 @@ class BwdTileConfig:
 BWD_HEAD_DIMS = ((64, 64), (128, 128))
 
 
-def bwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> BwdTileConfig:
+def bwd_tile_config(
+    head_dim: int, head_dim_v: int, causal: bool, local: bool, softcap: bool = False
+) -> BwdTileConfig:
     """Backward tuning table; pure function of static problem features."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
         raise ValueError(f"SM90 backward has no variant for head dims ({head_dim}, {head_dim_v})")
-    # Not tuned yet: 64 x 128 (FA3's hdim-128 causal shape) for every supported head dim.
+    if head_dim <= 64 and not softcap:
+        # 128 query rows per iteration (FA3's D=64 shape): the S^T / dP^T wgmmas get N = 128
+        # instead of 64. With softcap this spills 2 registers (ptxas), so it keeps 64 rows.
+        # GPU measurement: docs/perf/README.md (backward section).
+        return BwdTileConfig(tile_m=128)
+    # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
+    # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
     return BwdTileConfig()
