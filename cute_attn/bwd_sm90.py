@@ -1,13 +1,14 @@
 """Host side of the SM90 backward kernel: compile key, cached build, pre/postprocess, launch.
 
-The kernel (torch-free) is cute_attn.arch.sm90.flash_bwd. Around its one launch this module
-runs, in PyTorch on the same stream:
-  * preprocess: lse_log2 = lse * log2(e) (+inf for empty rows, whose scores are all -inf, and
-    for the padding up to a multiple of tile_m, so P = 0 there without a bounds check);
-    D = rowsum(dO * O) - dlse in fp32; the fp32 dQ accumulator zeroed;
-  * postprocess: dQ = accumulator * softmax_scale in the input dtype; for GQA / MQA dK and dV
-    (written per query head) summed in fp32 over the query heads sharing a KV head.
-These are memory-bound torch ops; fusing them into CuTe kernels is a listed follow-up.
+The kernels (torch-free) are cute_attn.arch.sm90.flash_bwd and the two small CuTe kernels
+around it, all on the caller's stream:
+  * preprocess (arch/common/bwd_preprocess.py): lse_log2 = lse * log2(e) (+inf for empty rows
+    and for the padding up to a multiple of tile_m, so P = 0 there without a bounds check),
+    D = rowsum(dO * O) in fp32, the fp32 dQ accumulator zeroed; an lse gradient is then
+    subtracted from D here (D = rowsum(dO * O) - dlse);
+  * postprocess (arch/common/bwd_postprocess.py): dQ = accumulator * softmax_scale in the
+    input dtype; for GQA / MQA dK and dV (written per query head) are summed in fp32 over the
+    query heads sharing a KV head by torch.
 
 `backward(...)` is the entry the autograd formulas call: SM90 kernel when it serves the
 problem, else the reference's analytic backward (recorded in `last_dispatch()`, warned once).
@@ -15,9 +16,9 @@ problem, else the reference's analytic backward (recorded in `last_dispatch()`, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-import math
 import os
 
 import torch
@@ -27,8 +28,6 @@ from .arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
 from .cache import KernelKey, compiled_cache
 from .fwd_sm90 import ARCH, _dump_dir, softmax_scales, unsupported_reason
 from .problem import AttnProblem
-
-_LOG2E = math.log2(math.e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +63,32 @@ def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causa
     )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class BwdAuxKey(KernelKey):
+    """The preprocess ("pre") and postprocess ("post") kernels: head counts and lengths are
+    runtime values for them."""
+
+    arch: str
+    kind: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+
+
+@compiled_cache("sm90_bwd_aux")
+def build_bwd_aux(key: BwdAuxKey):
+    from .arch.sm90 import compile as c  # imports cutlass: only when building
+
+    if key.kind == "pre":
+        return c.compile_bwd_preprocess(key.dtype, key.head_dim, key.head_dim_v)
+    return c.compile_bwd_postprocess(key.dtype, key.head_dim)
+
+
+@functools.lru_cache(maxsize=64)
+def _aux_keys(arch: str, dtype: str, d: int, dv: int) -> tuple[BwdAuxKey, BwdAuxKey]:
+    return BwdAuxKey(arch, "pre", dtype, d, dv), BwdAuxKey(arch, "post", dtype, d, dv)
+
+
 @compiled_cache("sm90_bwd")
 def build_bwd(key: BwdKey):
     from .arch.sm90.compile import BwdSpec, compile_bwd  # imports cutlass: only when building
@@ -83,9 +108,10 @@ def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    # dO from autograd can be any view (an expanded zero, a transpose): TMA needs 16-byte
-    # aligned base and strides
-    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+    # dO from autograd can be any view (an expanded zero, a transpose): TMA and the 16-byte
+    # vector loads need an aligned base, nonzero 16-byte strides and a contiguous last dim
+    st = t.stride()
+    if t.data_ptr() % 16 or any(s % 8 or s == 0 for s in st[:-1]) or st[-1] != 1:
         return t.contiguous()
     return t
 
@@ -97,31 +123,28 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
     if b == 0 or sq == 0 or sk == 0:
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
     key = bwd_key(p)
+    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim)
     cfg = BwdTileConfig(*key.tile)
-    dout = _tma_ready(dout)
+    dout, out = _tma_ready(dout), _tma_ready(out)
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
-    lse_log2 = torch.full((b, h, sq_pad), math.inf, dtype=torch.float32, device=q.device)
-    lse_log2[:, :, :sq] = torch.where(torch.isneginf(lse), math.inf, lse * _LOG2E)
-    dsum = torch.zeros((b, h, sq_pad), dtype=torch.float32, device=q.device)
-    delta = torch.einsum("bshd,bshd->bhs", dout.float(), out.float())
-    if dlse is not None:
-        delta = delta - dlse.float()
-    dsum[:, :, :sq] = delta
-    dq_acc = torch.zeros((b, sq, h, d), dtype=torch.float32, device=q.device)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    lse_log2, dsum = torch.empty((b, h, sq_pad), **f32), torch.empty((b, h, sq_pad), **f32)
+    dq_acc = torch.empty((b, sq, h, d), **f32)
+    dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     dk_h = torch.empty((b, sk, h, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((b, sk, h, dv_dim), dtype=q.dtype, device=q.device)
-    fn = build_bwd(key)
+    pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
-    args = (
-        q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, scale_log2, premul,
-        p.softmax_scale, max(p.window_left, 0), max(p.window_right, 0),
-    )  # fmt: skip
-    if q.device.index == torch.cuda.current_device():
-        fn(*args)
-    else:
-        with torch.cuda.device(q.device):
-            fn(*args)
-    dq = (dq_acc * p.softmax_scale).to(q.dtype)
+    windows = (max(p.window_left, 0), max(p.window_right, 0))
+    with contextlib.ExitStack() as stack:
+        if q.device.index != torch.cuda.current_device():
+            stack.enter_context(torch.cuda.device(q.device))  # launches go to q's device
+        pre(out, dout, lse.contiguous(), lse_log2, dsum, dq_acc)
+        if dlse is not None:
+            dsum[:, :, :sq] -= dlse.float()
+        main(q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, scale_log2, premul,
+             p.softmax_scale, *windows)  # fmt: skip
+        post(dq_acc, dq, p.softmax_scale)
     if h == hkv:
         return dq, dk_h, dv_h
     g = h // hkv

@@ -16,6 +16,8 @@ import dataclasses
 import cutlass
 import cutlass.cute as cute
 
+from ..common.bwd_postprocess import BwdPostprocess
+from ..common.bwd_preprocess import BwdPreprocess
 from .flash_bwd import FlashBwdSm90
 from .flash_fwd import FlashFwdSm90
 from .tile_config import BwdTileConfig, FwdTileConfig
@@ -133,4 +135,32 @@ def compile_bwd(spec: BwdSpec, options: str = ""):
         kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt,
         cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
         cutlass.Int32(0), cutlass.Int32(0), stream, options=opts,
+    )  # fmt: skip
+
+
+def compile_bwd_preprocess(dtype_name: str, head_dim: int, head_dim_v: int, options: str = ""):
+    """TVM-FFI function (out, dout, lse, lse_log2, dsum, dq_accum); see BwdPreprocess."""
+    dtype = DTYPES[dtype_name]
+    b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    o = _fake_bshd(dtype, h, head_dim_v, b, sq)
+    do = _fake_bshd(dtype, h, head_dim_v, b, sq)
+    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        BwdPreprocess(dtype, head_dim, head_dim_v), o, do, _fake_rows(b, h, sq),
+        _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, stream,
+        options=("--enable-tvm-ffi " + options).strip(),
+    )  # fmt: skip
+
+
+def compile_bwd_postprocess(dtype_name: str, head_dim: int, options: str = ""):
+    """TVM-FFI function (dq_accum, dq, softmax_scale); see BwdPostprocess."""
+    dtype = DTYPES[dtype_name]
+    b, sq, h = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq)
+    dq = _fake_bshd(dtype, h, head_dim, b, sq)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        BwdPostprocess(dtype, head_dim), dq_acc, dq, cutlass.Float32(1.0), stream,
+        options=("--enable-tvm-ffi " + options).strip(),
     )  # fmt: skip

@@ -1,0 +1,65 @@
+"""Backward postprocess: dQ = dq_acc * softmax_scale in the input dtype, one pass.
+
+The backward main kernel adds unscaled dS K partials into a (batch, seq, heads, dim) fp32
+accumulator; this reads it once and writes dQ (16-bit) in the same layout. Each thread
+converts 8 contiguous elements (two 16-byte loads, one 16-byte store).
+
+Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contiguous.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+NUM_THREADS = 128
+
+
+class BwdPostprocess:
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self._setup_attributes()
+
+    def _setup_attributes(self):
+        if self.head_dim % 8:
+            raise ValueError("head_dim must be a multiple of 8 (16-byte vectors)")
+        self.threads_per_row = self.head_dim // 8
+        if NUM_THREADS % self.threads_per_row:
+            raise ValueError(f"head_dim {self.head_dim}: row group must divide the CTA")
+        self.rows_per_cta = NUM_THREADS // self.threads_per_row
+
+    @cute.jit
+    def __call__(
+        self,
+        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32
+        mdQ: cute.Tensor,  # (b, s_q, h, d) out
+        softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        grid = (
+            cute.ceil_div(mdQ.shape[1], self.rows_per_cta),
+            cute.size(mdQ.shape[2]),
+            cute.size(mdQ.shape[0]),
+        )
+        self.kernel(mdQacc, mdQ, softmax_scale).launch(
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        tidx = cute.arch.thread_idx()[0]
+        row_block, head, batch = cute.arch.block_idx()
+        lane = tidx % self.threads_per_row
+        row = row_block * self.rows_per_cta + tidx // self.threads_per_row
+        if row < mdQ.shape[1]:
+            r_acc = cute.make_rmem_tensor((8,), Float32)
+            cute.autovec_copy(cute.local_tile(mdQacc[batch, row, head, None], (8,), (lane,)), r_acc)
+            r_dq = cute.make_rmem_tensor((8,), self.dtype)
+            r_dq.store((r_acc.load() * softmax_scale).to(self.dtype))
+            cute.autovec_copy(r_dq, cute.local_tile(mdQ[batch, row, head, None], (8,), (lane,)))
+
+
+__all__ = ["BwdPostprocess", "NUM_THREADS"]

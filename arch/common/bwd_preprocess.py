@@ -1,0 +1,109 @@
+"""Backward preprocess: per query row D = rowsum(dO * O) in fp32, lse moved to the exp2
+domain, and the fp32 dQ accumulator row cleared. One launch instead of ~10 torch ops.
+
+Per (batch, head, row) of the padded row range [0, seqlen_q rounded up to the backward's
+tile_m):
+    lse_log2[b, h, i] = lse * log2(e), or +inf where lse = -inf (an empty row: its scores are
+                        all -inf, and +inf makes P = exp2(-inf - inf) = 0 instead of NaN)
+                        and on padding rows (P = 0 there without a bounds check)
+    dsum[b, h, i]     = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32), 0 on padding rows
+    dq_acc[b, i, h,:] = 0
+A group of dv / 8 threads owns a row: each loads 8 contiguous elements (16 bytes) of dO and O
+and the group reduces with shuffles. The lse gradient, when there is one, is subtracted from
+dsum by the host.
+
+Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
+aligned rows; head_dim and head_dim_v multiples of 8 with head_dim / (head_dim_v / 8) a
+multiple of 4 (so each thread clears a 16-byte chunk of the dQ row).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+NUM_THREADS = 128
+LOG2E = math.log2(math.e)
+
+
+class BwdPreprocess:
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, head_dim_v: int):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self._setup_attributes()
+
+    def _setup_attributes(self):
+        if self.head_dim_v % 8 or self.head_dim % 8:
+            raise ValueError("head dims must be multiples of 8 (16-byte vectors)")
+        self.threads_per_row = self.head_dim_v // 8
+        if NUM_THREADS % self.threads_per_row or self.threads_per_row > 32:
+            raise ValueError(f"head_dim_v {self.head_dim_v}: row group must divide a warp")
+        self.dq_chunk = self.head_dim // self.threads_per_row
+        if self.dq_chunk % 4:
+            raise ValueError("each thread must clear whole 16-byte chunks of the dQ row")
+        self.rows_per_cta = NUM_THREADS // self.threads_per_row
+
+    @cute.jit
+    def __call__(
+        self,
+        mO: cute.Tensor,  # (b, s_q, h, dv)
+        mdO: cute.Tensor,  # (b, s_q, h, dv)
+        mLSE: cute.Tensor,  # (b, h, s_q) fp32, natural log
+        mLSE2: cute.Tensor,  # (b, h, s_q padded) fp32, out
+        mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, out
+        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed)
+        stream: cuda.CUstream,
+    ):
+        grid = (
+            cute.ceil_div(mLSE2.shape[2], self.rows_per_cta),
+            cute.size(mO.shape[2]),
+            cute.size(mO.shape[0]),
+        )
+        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc).launch(
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mO: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mLSE2: cute.Tensor,
+        mDsum: cute.Tensor,
+        mdQacc: cute.Tensor,
+    ):
+        tidx = cute.arch.thread_idx()[0]
+        row_block, head, batch = cute.arch.block_idx()
+        lane = tidx % self.threads_per_row
+        row = row_block * self.rows_per_cta + tidx // self.threads_per_row
+        seqlen = mO.shape[1]
+        dot = Float32(0.0)
+        if row < seqlen:
+            r_o = cute.make_rmem_tensor((8,), self.dtype)
+            r_do = cute.make_rmem_tensor((8,), self.dtype)
+            cute.autovec_copy(cute.local_tile(mO[batch, row, head, None], (8,), (lane,)), r_o)
+            cute.autovec_copy(cute.local_tile(mdO[batch, row, head, None], (8,), (lane,)), r_do)
+            prod = r_o.load().to(Float32) * r_do.load().to(Float32)
+            dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+            zeros = cute.make_rmem_tensor((self.dq_chunk,), Float32)
+            zeros.fill(0.0)
+            g_dq = cute.local_tile(mdQacc[batch, row, head, None], (self.dq_chunk,), (lane,))
+            cute.autovec_copy(zeros, g_dq)
+        # every lane of the group takes part in the shuffles, padding rows included
+        dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
+        if lane == 0 and row < mLSE2.shape[2]:
+            lse2 = Float32.inf
+            if row < seqlen:
+                lse = mLSE[batch, head, row]
+                lse2 = cutlass.select_(lse == -Float32.inf, Float32.inf, lse * LOG2E)
+            mLSE2[batch, head, row] = lse2
+            mDsum[batch, head, row] = dot
+
+
+__all__ = ["BwdPreprocess", "NUM_THREADS"]
