@@ -124,10 +124,11 @@ def bwd_tile_config(
     """Backward tuning table; pure function of static problem features."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
         raise ValueError(f"SM90 backward has no variant for head dims ({head_dim}, {head_dim_v})")
-    if head_dim <= 64 and not softcap:
+    if head_dim <= 64 and not softcap and not local:
         # 128 query rows per iteration (FA3's D=64 shape): the S^T / dP^T wgmmas get N = 128
-        # instead of 64. With softcap this spills 2 registers (ptxas), so it keeps 64 rows.
-        # GPU measurement: docs/perf/README.md (backward section).
+        # instead of 64. bench_bwd_d64_h200.json: 0.88-0.94x FA4 with it (0.28-0.68x in
+        # bench_bwd_h200_v0.json with 64 rows, before the other v1 changes). With softcap or a
+        # left window the mask/tanh registers make ptxas spill 2, so those keep 64 rows.
         return BwdTileConfig(tile_m=128)
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
