@@ -1,6 +1,6 @@
 """One small backward on the GPU against the fp32 reference: a fast hang/crash detector.
 
-    timeout 90 python3 scripts/bwd_smoke.py
+Run on the GPU machine as `timeout 90 python3 scripts/bwd_smoke.py`.
 """
 
 import torch
@@ -16,9 +16,9 @@ for d, causal in ((128, False), (64, True)):
     dout = torch.randn_like(out)
     g = torch.autograd.grad(out, (q, k, v), dout)
     torch.cuda.synchronize()
-    print("dispatch:", cute_attn.last_dispatch())
+    print("backward dispatch:", cute_attn.last_backward_dispatch())
     qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref, _ = attention_ref(qr, kr, vr, causal=causal)
     gr = torch.autograd.grad(ref, (qr, kr, vr), dout.float())
     errs = [(a.float() - b).abs().max().item() for a, b in zip(g, gr)]
-    print(f"d={d} causal={causal} max err dq/dk/dv:", ["%.3e" % e for e in errs])
+    print(f"d={d} causal={causal} max err dq/dk/dv:", [f"{e:.3e}" for e in errs])
