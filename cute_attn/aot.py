@@ -33,6 +33,8 @@ FEATURES = (
     ("local", False, 128, 0, 0.0),
     ("softcap", True, -1, 0, 30.0),
 )
+# the backward also specializes on the deterministic dQ order
+BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0),)
 
 
 def _nvdisasm() -> str | None:
@@ -84,8 +86,9 @@ def _variant_problems(head_dims, dtypes, heads):
     """(name, kind, problem) for every forward and backward variant in the tuning tables."""
     from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 
-    for kind, table in (("sm90_fwd", SUPPORTED_HEAD_DIMS), ("sm90_bwd", BWD_HEAD_DIMS)):
-        for (d, dv), dt, (h, hkv), feature in itertools.product(table, dtypes, heads, FEATURES):
+    kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, FEATURES), ("sm90_bwd", BWD_HEAD_DIMS, BWD_FEATURES))
+    for kind, table, features in kinds:
+        for (d, dv), dt, (h, hkv), feature in itertools.product(table, dtypes, heads, features):
             if head_dims and d not in head_dims:
                 continue
             label, causal, left, right, softcap = feature
@@ -94,7 +97,7 @@ def _variant_problems(head_dims, dtypes, heads):
                 batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
                 head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
                 softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
-                softcap=softcap,
+                softcap=softcap, deterministic=label.startswith("deterministic"),
             )  # fmt: skip
 
 

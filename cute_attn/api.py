@@ -83,29 +83,32 @@ def flash_attn_func(
         from . import ops
 
         return ops.fwd(
-            q, k, v, p.softmax_scale, p.window_left, p.window_right, p.softcap, fallback or ""
-        )
+            q, k, v, p.softmax_scale, p.window_left, p.window_right, p.softcap, fallback or "",
+            p.deterministic,
+        )  # fmt: skip
     return _run(q, k, v, p, fallback)
 
 
-def _forward(q, k, v, *, softmax_scale, window_size, softcap, fallback):
+def _forward(q, k, v, *, softmax_scale, window_size, softcap, fallback, deterministic=False):
     """The eager forward for the torch.library op (window already normalized)."""
     p = validate_dense(
         q, k, v, softmax_scale=softmax_scale, causal=False, window_size=window_size,
-        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=False,
+        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=deterministic,
     )  # fmt: skip
     with torch.no_grad():
         out, lse = _run(q, k, v, p, fallback)
     return out, lse
 
 
-def _backward(q, k, v, out, lse, dout, dlse, *, softmax_scale, window_size, softcap):
+def _backward(
+    q, k, v, out, lse, dout, dlse, *, softmax_scale, window_size, softcap, deterministic=False
+):
     """The eager backward for the torch.library op (window already normalized)."""
     from .bwd_sm90 import backward
 
     p = validate_dense(
         q, k, v, softmax_scale=softmax_scale, causal=False, window_size=window_size,
-        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=False,
+        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=deterministic,
     )  # fmt: skip
     with torch.no_grad():
         return backward(q, k, v, out, lse, dout, p, dlse)

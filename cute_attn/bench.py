@@ -131,6 +131,7 @@ class Row:
     softcap: float = 0.0
     mode: str = "fwd"  # "fwd" or "bwd"
     metric: str = "tflops"  # "tflops" or "tbps" (decode: bytes of K+V read)
+    deterministic: bool = False  # cute_attn only; the baselines run their default
 
     @property
     def flops(self) -> int:
@@ -310,8 +311,9 @@ def _build_cute_attn(row: Row, q, k, v):
 
     def fn():
         return cute_attn.flash_attn_func(
-            q, k, v, causal=row.causal, window_size=row.window, softcap=row.softcap
-        )[0]
+            q, k, v, causal=row.causal, window_size=row.window, softcap=row.softcap,
+            deterministic=row.deterministic,
+        )[0]  # fmt: skip
 
     return [("", fn, (k, v))], contextlib.nullcontext
 
@@ -678,6 +680,8 @@ def run_bench(args) -> int:
     rows = preset_rows(args.preset)
     if args.filter:
         rows = [r for r in rows if all(f in r.name for f in args.filter)]
+    if getattr(args, "deterministic", False):
+        rows = [dataclasses.replace(r, name=r.name + " det", deterministic=True) for r in rows]
     impls = list(args.impls or ALL_IMPLS)
     env = environment(device)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or L2_FALLBACK_BYTES

@@ -43,6 +43,7 @@ class BwdKey(KernelKey):
     has_left: bool
     has_right: bool
     has_softcap: bool
+    deterministic: bool
     tile: tuple  # dataclasses.astuple(BwdTileConfig)
 
 
@@ -50,15 +51,16 @@ def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
     return _bwd_key(
         arch, p.dtype, p.head_dim, p.head_dim_v, p.num_heads, p.num_heads_kv,
         p.window_left >= 0, p.window_right >= 0, p.softcap > 0.0, p.causal, p.is_local,
+        p.deterministic,
     )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
+def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det):
     cfg = bwd_tile_config(d, dv, causal, local, has_softcap)
     return BwdKey(
         arch=arch, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads=h, num_heads_kv=hkv,
-        has_left=has_left, has_right=has_right, has_softcap=has_softcap,
+        has_left=has_left, has_right=has_right, has_softcap=has_softcap, deterministic=det,
         tile=dataclasses.astuple(cfg),
     )  # fmt: skip
 
@@ -102,8 +104,6 @@ def build_bwd(key: BwdKey):
 
 
 def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:
-    if p.deterministic:
-        return "deterministic=True: the SM90 backward adds dQ partials in arrival order"
     return unsupported_reason(p, tensors, BWD_HEAD_DIMS)
 
 
@@ -133,6 +133,9 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     dk_h = torch.empty((b, sk, h, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((b, sk, h, dv_dim), dtype=q.dtype, device=q.device)
+    # deterministic: one zeroed turn counter per (batch, head, query tile); otherwise unread
+    sem_shape = (b, h, sq_pad // cfg.tile_m) if p.deterministic else (1, h, 1)
+    sem = torch.zeros(sem_shape, dtype=torch.int32, device=q.device)
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     windows = (max(p.window_left, 0), max(p.window_right, 0))
@@ -142,7 +145,7 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
         pre(out, dout, lse.contiguous(), lse_log2, dsum, dq_acc)
         if dlse is not None:
             dsum[:, :, :sq] -= dlse.float()
-        main(q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, scale_log2, premul,
+        main(q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, scale_log2, premul,
              p.softmax_scale, *windows)  # fmt: skip
         post(dq_acc, dq, p.softmax_scale)
     if h == hkv:

@@ -505,7 +505,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         default=4.0,
         help="score-memory budget of the fp32 reference (GiB, default 4)",
     )
-    p.add_argument("--seed", type=int, default=0)  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="run cute_attn with deterministic=True (baselines unchanged)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ def _inputs(dtype=torch.float64, requires_grad=False):
 @pytest.mark.parametrize("window", [(-1, 0), (3, 1), (-1, -1)])
 def test_opcheck(window):
     q, k, v = _inputs(requires_grad=True)
-    torch.library.opcheck(ops.fwd, (q, k, v, 0.25, *window, 0.0, ""))
+    torch.library.opcheck(ops.fwd, (q, k, v, 0.25, *window, 0.0, "", True))
 
 
 def test_op_matches_reference_and_grads():
@@ -65,7 +65,7 @@ def test_opcheck_backward_op(with_dlse):
     out, lse = ops.fwd(q, k, v, 0.25, -1, 0, 0.0, "")
     dout = torch.randn_like(out)
     dlse = torch.randn_like(lse) if with_dlse else None
-    torch.library.opcheck(ops.bwd, (q, k, v, out, lse, dout, dlse, 0.25, -1, 0, 0.0))
+    torch.library.opcheck(ops.bwd, (q, k, v, out, lse, dout, dlse, 0.25, -1, 0, 0.0, False))
 
 
 def test_backward_op_records_dispatch_and_matches_reference():

@@ -49,6 +49,7 @@ class BwdSpec:
     has_right: bool
     has_softcap: bool
     config: BwdTileConfig
+    deterministic: bool = False
 
 
 def _fake_bshd(dtype, heads: int, dim: int, b, s):
@@ -105,9 +106,11 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
 
 
 def compile_bwd(spec: BwdSpec, options: str = ""):
-    """TVM-FFI function (q, k, v, dout, lse_log2, dsum, dq_accum, dk, dv, softmax_scale_log2,
-    score_premul, softmax_scale, window_left, window_right); lse_log2 and dsum are padded to
-    a multiple of tile_m rows, dk / dv are per query head."""
+    """TVM-FFI function (q, k, v, dout, lse_log2, dsum, dq_accum, dk, dv, sem,
+    softmax_scale_log2, score_premul, softmax_scale, window_left, window_right); lse_log2 and
+    dsum are padded to a multiple of tile_m rows, dk / dv are per query head, sem is a zeroed
+    (batch, heads, query tiles) int32 tensor (any int32 (x, heads, y) tensor unless
+    deterministic)."""
     dtype = DTYPES[spec.dtype]
     kernel = FlashBwdSm90(
         dtype,
@@ -118,6 +121,7 @@ def compile_bwd(spec: BwdSpec, options: str = ""):
         spec.has_right,
         spec.has_softcap,
         spec.config,
+        spec.deterministic,
     )
     h, hkv, d, dv = spec.num_heads, spec.num_heads_kv, spec.head_dim, spec.head_dim_v
     b, sq, sk, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -129,10 +133,13 @@ def compile_bwd(spec: BwdSpec, options: str = ""):
     dk = _fake_bshd(dtype, h, d, b, sk)
     dvt = _fake_bshd(dtype, h, dv, b, sk)
     lse, dsum = _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad)
+    sem = cute.runtime.make_fake_compact_tensor(
+        cutlass.Int32, (cute.sym_int(), h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4
+    )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(
-        kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt,
+        kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt, sem,
         cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
         cutlass.Int32(0), cutlass.Int32(0), stream, options=opts,
     )  # fmt: skip

@@ -18,6 +18,10 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the 
     tile can see are never visited;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
     TMA (rows past seqlen_k clipped). A key tile no query sees stores zeros.
+  * deterministic (compile-time switch): the dQ writer of key tile n adds its partial of query
+    tile m only after the key tiles left of it that see m did (a per-(batch, head, m) int32
+    semaphore counts them), and waits for its add to land before releasing the next one. The
+    fp32 sums then happen in one fixed order: bitwise identical run to run.
 
 Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
@@ -89,8 +93,10 @@ class FlashBwdSm90:
         has_right: bool,
         has_softcap: bool,
         config: BwdTileConfig,
+        deterministic: bool = False,
     ):
         self.dtype = dtype
+        self.deterministic = deterministic
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
         self.qhead_per_kvhead = qhead_per_kvhead
@@ -133,6 +139,7 @@ class FlashBwdSm90:
         mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, zeroed; receives dS K (unscaled)
         mdK: cute.Tensor,  # (b, s_k, h, d): per query head
         mdV: cute.Tensor,  # (b, s_k, h, dv): per query head
+        mSem: cute.Tensor,  # (b, h, query tiles) int32, zeroed; read only when deterministic
         softmax_scale_log2: Float32,
         score_premul: Float32,
         softmax_scale: Float32,
@@ -146,7 +153,8 @@ class FlashBwdSm90:
         mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
             select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdK, mdV)
         ]
-        mLSE, mDsum = [select_modes(t, [2, 1, 0]) for t in (mLSE, mDsum)]  # (seq, head, batch)
+        # (seq, head, batch)
+        mLSE, mDsum, mSem = [select_modes(t, [2, 1, 0]) for t in (mLSE, mDsum, mSem)]
         d, dv, tm, tn = self.head_dim, self.head_dim_v, self.tile_m, self.tile_n
         nwg = self.config.num_mma_warpgroups
 
@@ -235,7 +243,7 @@ class FlashBwdSm90:
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, tma_atom_dQ, tma_dQ,
-            tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum,
+            tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum, mSem,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
         ).launch(
@@ -271,6 +279,7 @@ class FlashBwdSm90:
         mLSE: cute.Tensor,
         tma_atom_Dsum: cute.CopyAtom,
         mDsum: cute.Tensor,
+        mSem: cute.Tensor,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -344,7 +353,9 @@ class FlashBwdSm90:
                     n_block, head, batch, m_min, m_max,
                 )  # fmt: skip
             if warp_idx == roles.dq_warp:
-                self.dq_writer(tma_atom_dQ, mdQacc, sdQ, head, batch, m_min, m_max)
+                self.dq_writer(
+                    tma_atom_dQ, mdQacc, sdQ, mSem, mask, n_block, head, batch, m_min, m_max
+                )
         else:
             cute.arch.setmaxregister_increase(roles.mma_regs)
             self.mma(
@@ -445,12 +456,17 @@ class FlashBwdSm90:
         tma_atom_dQ: cute.CopyAtom,
         mdQacc: cute.Tensor,
         sdQ: cute.Tensor,
+        mSem: cute.Tensor,
+        mask: TileMask,
+        n_block: Int32,
         head: Int32,
         batch: Int32,
         m_min: Int32,
         m_max: Int32,
     ):
         roles = self.roles
+        lane = cute.arch.lane_idx()
+        sem_bh = mSem[None, head, batch]
         gdQ = cute.local_tile(
             mdQacc[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0)
         )
@@ -461,10 +477,29 @@ class FlashBwdSm90:
         )
         for m_block in cutlass.range(m_min, m_max, unroll=1):
             cute.arch.barrier(barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads)
+            if cutlass.const_expr(self.deterministic):
+                # my turn: every key tile left of mine that sees this query tile added first.
+                # Those tiles are [n_first, n_block) (a band mask makes the set contiguous) and
+                # have lower block indices, so they never wait on this CTA: no deadlock.
+                n_first, _ = mask.n_block_range(m_block)
+                turn = sem_bh.iterator + m_block
+                if lane == 0:
+                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+                    while seen != n_block - n_first:
+                        seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+                cute.arch.sync_warp()
+                cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
             cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block])
             cute.arch.cp_async_bulk_commit_group()
-            # the reduce must have read sdQ before the consumers overwrite it
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(self.deterministic):
+                # the add must have landed in global memory before the next tile's turn
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_proxy("async.global")
+                if lane == 0:
+                    cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
+            else:
+                # the reduce must have read sdQ before the consumers overwrite it
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier_arrive(
                 barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
             )
@@ -554,7 +589,7 @@ class FlashBwdSm90:
             state = pipeline.make_pipeline_state(consumer, self.num_stages)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 stage = state.index
-                # ---- S^T = K Q^T, dP^T = V dO^T (both in flight while lse / D load)
+                # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
                 acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
                 acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
                 pipe_q.consumer_wait(state)
