@@ -156,7 +156,7 @@ def select_backward(p: AttnProblem, tensors, unsupported_reason) -> Decision:
             return _record(Decision("sm90_bwd", arch, "SM90 backward kernel", entry))
     else:
         reason = f"no cute_attn backward kernel for {arch}"
-    _warn_once(f"the backward: {reason}")
+    _warn_once(f"the backward kernel does not serve this call ({reason})")
     return _record(Decision("reference", arch, f"fallback: {reason}", entry))
 
 
