@@ -26,15 +26,15 @@ MEANT = {"sm_90a": ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")}
 # per kernel kind, beyond MEANT: the backward adds dQ partials with a TMA reduce-add
 MEANT_EXTRA = {"sm90_bwd": ("UTMAREDG",)}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "bfloat16": "bfloat16", "float16": "float16"}
-# (label, causal, window_left, window_right, softcap): each mask feature specializes the kernel
+# (label, causal, window_left, window_right, softcap, deterministic): each specializes a kernel
 FEATURES = (
-    ("plain", False, -1, -1, 0.0),
-    ("causal", True, -1, 0, 0.0),
-    ("local", False, 128, 0, 0.0),
-    ("softcap", True, -1, 0, 30.0),
+    ("plain", False, -1, -1, 0.0, False),
+    ("causal", True, -1, 0, 0.0, False),
+    ("local", False, 128, 0, 0.0, False),
+    ("softcap", True, -1, 0, 30.0, False),
 )
 # the backward also specializes on the deterministic dQ order
-BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0),)
+BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0, True),)
 
 
 def _nvdisasm() -> str | None:
@@ -91,13 +91,13 @@ def _variant_problems(head_dims, dtypes, heads):
         for (d, dv), dt, (h, hkv), feature in itertools.product(table, dtypes, heads, features):
             if head_dims and d not in head_dims:
                 continue
-            label, causal, left, right, softcap = feature
+            label, causal, left, right, softcap, deterministic = feature
             name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}"
             yield name, kind, AttnProblem(
                 batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
                 head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
                 softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
-                softcap=softcap, deterministic=label.startswith("deterministic"),
+                softcap=softcap, deterministic=deterministic,
             )  # fmt: skip
 
 

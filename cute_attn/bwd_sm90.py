@@ -26,43 +26,33 @@ import torch
 from . import dispatch, reference
 from .arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
 from .cache import KernelKey, compiled_cache
-from .fwd_sm90 import ARCH, _dump_dir, softmax_scales, unsupported_reason
+from .fwd_sm90 import (
+    ARCH,
+    Sm90Key,
+    _dump_dir,
+    softmax_scales,
+    static_features,
+    unsupported_reason,
+)  # fmt: skip
 from .problem import AttnProblem
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdKey(KernelKey):
-    """Everything that changes the generated backward code. Lengths, windows are runtime."""
+class BwdKey(Sm90Key):
+    """Everything that changes the generated backward code."""
 
-    arch: str
-    dtype: str
-    head_dim: int
-    head_dim_v: int
-    num_heads: int
-    num_heads_kv: int
-    has_left: bool
-    has_right: bool
-    has_softcap: bool
     deterministic: bool
     tile: tuple  # dataclasses.astuple(BwdTileConfig)
 
 
 def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
-    return _bwd_key(
-        arch, p.dtype, p.head_dim, p.head_dim_v, p.num_heads, p.num_heads_kv,
-        p.window_left >= 0, p.window_right >= 0, p.softcap > 0.0, p.causal, p.is_local,
-        p.deterministic,
-    )  # fmt: skip
+    return _bwd_key(arch, *static_features(p), p.deterministic)
 
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det):
-    cfg = bwd_tile_config(d, dv, causal, local, has_softcap)
-    return BwdKey(
-        arch=arch, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads=h, num_heads_kv=hkv,
-        has_left=has_left, has_right=has_right, has_softcap=has_softcap, deterministic=det,
-        tile=dataclasses.astuple(cfg),
-    )  # fmt: skip
+    tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap))
+    return BwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,9 +123,12 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     dk_h = torch.empty((b, sk, h, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((b, sk, h, dv_dim), dtype=q.dtype, device=q.device)
-    # deterministic: one zeroed turn counter per (batch, head, query tile); otherwise unread
-    sem_shape = (b, h, sq_pad // cfg.tile_m) if p.deterministic else (1, h, 1)
-    sem = torch.zeros(sem_shape, dtype=torch.int32, device=q.device)
+    # deterministic: one zeroed turn counter per (batch, head, query tile); otherwise the
+    # kernel never reads it, so a tiny uninitialized tensor (no fill launch) stands in
+    if p.deterministic:
+        sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
+    else:
+        sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     windows = (max(p.window_left, 0), max(p.window_right, 0))

@@ -24,8 +24,9 @@ ARCH = "sm_90a"
 
 
 @dataclasses.dataclass(frozen=True)
-class FwdKey(KernelKey):
-    """Everything that changes the generated code. Lengths and window values are runtime."""
+class Sm90Key(KernelKey):
+    """The static problem features every SM90 attention kernel specializes on. Lengths and
+    window values are runtime; which window bounds exist is not."""
 
     arch: str
     dtype: str
@@ -36,32 +37,34 @@ class FwdKey(KernelKey):
     has_left: bool
     has_right: bool
     has_softcap: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdKey(Sm90Key):
+    """Everything that changes the generated forward code."""
+
     tile: tuple  # dataclasses.astuple(FwdTileConfig)
 
 
-def fwd_key(p: AttnProblem, arch: str = ARCH) -> FwdKey:
-    return _fwd_key(
-        arch, p.dtype, p.head_dim, p.head_dim_v, p.num_heads, p.num_heads_kv,
-        p.window_left >= 0, p.window_right >= 0, p.softcap > 0.0, p.causal, p.is_local,
+def static_features(p: AttnProblem) -> tuple:
+    """(dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local): the Sm90Key
+    fields after arch, then what the tuning tables also read."""
+    return (
+        p.dtype, p.head_dim, p.head_dim_v, p.num_heads, p.num_heads_kv, p.window_left >= 0,
+        p.window_right >= 0, p.softcap > 0.0, p.causal, p.is_local,
     )  # fmt: skip
+
+
+def fwd_key(p: AttnProblem, arch: str = ARCH) -> FwdKey:
+    return _fwd_key(arch, *static_features(p))
 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
     # memoized: the tuning-table lookup and key construction stay off the per-call path
     cfg = fwd_tile_config(d, dv, causal, local)
-    return FwdKey(
-        arch=arch,
-        dtype=dtype,
-        head_dim=d,
-        head_dim_v=dv,
-        num_heads=h,
-        num_heads_kv=hkv,
-        has_left=has_left,
-        has_right=has_right,
-        has_softcap=has_softcap,
-        tile=dataclasses.astuple(cfg),
-    )
+    tile = dataclasses.astuple(cfg)
+    return FwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile)
 
 
 def _ensure_dsl_arch(arch: str) -> None:

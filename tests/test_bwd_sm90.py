@@ -16,11 +16,11 @@ import torch
 from cute_attn import flash_attn_func, last_backward_dispatch
 from cute_attn.reference import attention_ref
 
+from gpu_cases import SWEEP_MODES, attn_inputs, mode_kwargs, sweep_batch
 
-def _inputs(b, sq, sk, h, hkv, d, dv, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
-    return mk(b, sq, h, d), mk(b, sk, hkv, d), mk(b, sk, hkv, dv), mk(b, sq, h, dv)
+
+def _inputs(*args, **kw):
+    return attn_inputs(*args, with_dout=True, **kw)
 
 
 def _grads(fn, q, k, v, dout, dlse_w=None):
@@ -67,17 +67,9 @@ HEAD_DIMS = [(64, 64), (128, 128)]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d,dv", HEAD_DIMS)
 @pytest.mark.parametrize("sq,sk", SEQLENS)
-@pytest.mark.parametrize("mode", ["full", "causal", "window", "softcap"])
+@pytest.mark.parametrize("mode", SWEEP_MODES)
 def test_bwd_sweep(dtype, d, dv, sq, sk, mode):
-    kw = {}
-    if mode == "causal":
-        kw["causal"] = True
-    elif mode == "window":
-        kw["window_size"] = (37, 11)
-    elif mode == "softcap":
-        kw.update(softcap=15.0, causal=True)
-    b = 1 + (sq * 7 + sk) % 3
-    _check(*_inputs(b, sq, sk, 6, 2, d, dv, dtype), **kw)
+    _check(*_inputs(sweep_batch(sq, sk), sq, sk, 6, 2, d, dv, dtype), **mode_kwargs(mode))
 
 
 @pytest.mark.gpu
@@ -98,7 +90,8 @@ def test_bwd_batches_and_long(b):
 @pytest.mark.gpu
 def test_bwd_empty_rows_and_unseen_keys():
     # Sq > Sk causal: the first Sq - Sk rows see nothing (zero dQ rows, no NaN)
-    got = _check(*_inputs(2, 300, 40, 4, 2, 64, 64, torch.float16), causal=True, softmax_scale=0.3)
+    q, k, v, dout = _inputs(2, 300, 40, 4, 2, 64, 64, torch.float16)
+    got = _check(q, k, v, dout, causal=True, softmax_scale=0.3)
     assert (got[0][:, :260] == 0).all()
     # a left window leaves the first keys unseen by any query: their dK / dV are exactly 0
     got = _check(*_inputs(2, 64, 400, 4, 4, 128, 128, torch.bfloat16), window_size=(10, 0))

@@ -18,6 +18,8 @@ import torch
 from cute_attn import flash_attn_func, last_dispatch
 from cute_attn.reference import attention_ref
 
+from gpu_cases import SWEEP_MODES, attn_inputs, mode_kwargs, sweep_batch
+
 POISON = float("nan")
 
 
@@ -44,12 +46,6 @@ def _check(q, k, v, **kw):
     return out, lse
 
 
-def _inputs(b, sq, sk, h, hkv, d, dv, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
-    return mk(b, sq, h, d), mk(b, sk, hkv, d), mk(b, sk, hkv, dv)
-
-
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 4096), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
@@ -59,17 +55,9 @@ HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d,dv", HEAD_DIMS)
 @pytest.mark.parametrize("sq,sk", SEQLENS)
-@pytest.mark.parametrize("mode", ["full", "causal", "window", "softcap"])
+@pytest.mark.parametrize("mode", SWEEP_MODES)
 def test_fwd_sweep(dtype, d, dv, sq, sk, mode):
-    kw = {}
-    if mode == "causal":
-        kw["causal"] = True
-    elif mode == "window":
-        kw["window_size"] = (37, 11)
-    elif mode == "softcap":
-        kw.update(softcap=15.0, causal=True)
-    b = 1 + (sq * 7 + sk) % 3
-    _check(*_inputs(b, sq, sk, 6, 2, d, dv, dtype), **kw)
+    _check(*attn_inputs(sweep_batch(sq, sk), sq, sk, 6, 2, d, dv, dtype), **mode_kwargs(mode))
 
 
 @pytest.mark.gpu
@@ -77,28 +65,28 @@ def test_fwd_sweep(dtype, d, dv, sq, sk, mode):
 @pytest.mark.parametrize("window", [(None, None), (0, 0), (64, None), (None, 64), (-1, 3), (5, -1)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fwd_gqa_windows(h, hkv, window, causal):
-    _check(*_inputs(3, 300, 457, h, hkv, 128, 128, torch.bfloat16), causal=causal,
+    _check(*attn_inputs(3, 300, 457, h, hkv, 128, 128, torch.bfloat16), causal=causal,
            window_size=window)  # fmt: skip
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 4, 9])
 def test_fwd_batches_and_long(b):
-    _check(*_inputs(b, 4224 // b, 4224 // b, 4, 4, 128, 128, torch.bfloat16), causal=True)
+    _check(*attn_inputs(b, 4224 // b, 4224 // b, 4, 4, 128, 128, torch.bfloat16), causal=True)
 
 
 @pytest.mark.gpu
 def test_fwd_all_rows_empty_and_scale():
     # Sq > Sk causal: the first Sq - Sk rows see nothing; a custom scale
-    _check(*_inputs(2, 300, 40, 4, 2, 64, 64, torch.float16), causal=True, softmax_scale=0.3)
+    _check(*attn_inputs(2, 300, 40, 4, 2, 64, 64, torch.float16), causal=True, softmax_scale=0.3)
     # window that excludes everything for some rows: left=0,right=0 with Sk < Sq
-    _check(*_inputs(2, 64, 16, 4, 4, 64, 64, torch.bfloat16), window_size=(0, 0))
+    _check(*attn_inputs(2, 64, 16, 4, 4, 64, 64, torch.bfloat16), window_size=(0, 0))
 
 
 @pytest.mark.gpu
 def test_fwd_poisoned_output_fully_written():
     # run_fwd allocates with torch.empty; make that memory NaN first so unwritten cells show
-    q, k, v = _inputs(2, 257, 300, 4, 2, 128, 128, torch.bfloat16)
+    q, k, v = attn_inputs(2, 257, 300, 4, 2, 128, 128, torch.bfloat16)
     # same-size blocks freed just before the call are what the caching allocator hands out next
     junk_o = torch.full((2, 257, 4, 128), POISON, device="cuda", dtype=torch.bfloat16)
     junk_l = torch.full((2, 4, 257), POISON, device="cuda", dtype=torch.float32)
@@ -111,8 +99,8 @@ def test_fwd_poisoned_output_fully_written():
 @pytest.mark.gpu
 def test_fwd_mixed_problems_same_ratio():
     # same GQA ratio, different head counts: must not share a compiled kernel
-    a = _inputs(2, 200, 300, 6, 2, 128, 128, torch.bfloat16, seed=1)
-    bb = _inputs(2, 200, 300, 12, 4, 128, 128, torch.bfloat16, seed=2)
+    a = attn_inputs(2, 200, 300, 6, 2, 128, 128, torch.bfloat16, seed=1)
+    bb = attn_inputs(2, 200, 300, 12, 4, 128, 128, torch.bfloat16, seed=2)
     for x in (a, bb, a):
         _check(*x, causal=True)
 
@@ -126,7 +114,7 @@ def test_fwd_noncontiguous_views():
 
 @pytest.mark.gpu
 def test_fwd_grad_matches_reference():
-    q, k, v = (t.requires_grad_() for t in _inputs(1, 64, 80, 2, 1, 64, 64, torch.float16))
+    q, k, v = (t.requires_grad_() for t in attn_inputs(1, 64, 80, 2, 1, 64, 64, torch.float16))
     out, _ = flash_attn_func(q, k, v, causal=True)
     out.float().sum().backward()
     qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))

@@ -1,4 +1,5 @@
-"""The attention mask applied to a score tile in registers, and the key-tile range per query tile.
+"""The score transforms applied to a tile in registers before the softmax (softcap, then the
+attention mask), and the tile ranges the mask leaves visible.
 
 One rule, the package contract (cute_attn.reference.visible_mask is its PyTorch twin): with
 offset = seqlen_k - seqlen_q (bottom-right alignment), key j is visible to query i iff
@@ -17,6 +18,15 @@ from cutlass import Float32, Int32
 
 from .dsl import DslStruct
 from .layout import acc_as_rows_cols
+
+
+@cute.jit
+def apply_softcap(acc_s: cute.Tensor, score_premul: Float32):
+    """Softcap, before masking as the contract says: s <- tanh(s * scale / softcap) in place
+    (score_premul = scale / softcap); the softcap factor itself is folded into the exp2 scale
+    by the host (cute_attn.fwd_sm90.softmax_scales)."""
+    for i in cutlass.range_constexpr(cute.size(acc_s)):
+        acc_s[i] = cute.math.tanh(acc_s[i] * score_premul, fastmath=True)
 
 
 class TileMask(DslStruct):
@@ -92,53 +102,47 @@ class TileMask(DslStruct):
         return need
 
     @cute.jit
-    def apply(self, acc_s: cute.Tensor, coords: cute.Tensor, m_block: Int32, n_block: Int32):
+    def apply(
+        self,
+        acc_s: cute.Tensor,
+        coords: cute.Tensor,
+        m_block: Int32,
+        n_block: Int32,
+        transposed: cutlass.Constexpr[bool] = False,
+    ):
         """Set invisible scores of the tile to -inf. `coords` is the thread's partition of an
-        identity tensor over (tile_m, tile_n), in the accumulator's layout."""
+        identity tensor over the tile, in the accumulator's layout: (tile_m, tile_n) for S,
+        or (tile_n, tile_m) for the transposed S^T the backward computes (`transposed`:
+        rows are keys, columns queries). Per accumulator row the visible columns form one
+        interval [lo, hi), so each element costs two compares and a select."""
         s = acc_as_rows_cols(acc_s)
         c = acc_as_rows_cols(coords)
         offset = self.seqlen_k - self.seqlen_q
-        col0 = n_block * self.tile_n
-        row0 = m_block * self.tile_m
+        col0 = m_block * self.tile_m if cutlass.const_expr(transposed) else n_block * self.tile_n
+        row0 = n_block * self.tile_n if cutlass.const_expr(transposed) else m_block * self.tile_m
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
             row = row0 + c[r, 0][0]
-            # per-row visible column interval [lo, hi)
-            hi = self.seqlen_k - col0
-            if cutlass.const_expr(self.has_right):
-                hi = cutlass.min(hi, row + offset + self.window_right + 1 - col0)
-            lo = Int32(0) - col0
-            if cutlass.const_expr(self.has_left):
-                lo = row + offset - self.window_left - col0
+            if cutlass.const_expr(transposed):
+                # key row j sees queries i in [j - offset - right, j - offset + left]
+                lo = Int32(0) - col0
+                if cutlass.const_expr(self.has_right):
+                    lo = row - offset - self.window_right - col0
+                hi = Int32(self.tile_m)
+                if cutlass.const_expr(self.has_left):
+                    hi = row - offset + self.window_left + 1 - col0
+                # keys past seqlen_k see nothing (their K rows are TMA zero fill)
+                hi = cutlass.select_(row < self.seqlen_k, hi, lo)
+            else:
+                # query row i sees keys j in [i + offset - left, i + offset + right], j < Sk
+                hi = self.seqlen_k - col0
+                if cutlass.const_expr(self.has_right):
+                    hi = cutlass.min(hi, row + offset + self.window_right + 1 - col0)
+                lo = Int32(0) - col0
+                if cutlass.const_expr(self.has_left):
+                    lo = row + offset - self.window_left - col0
             for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 col = c[0, j][1]
                 # a select, not a conditional store: a store under `if` into a register
                 # array made the compiler emit a select chain quadratic in the row length
-                outside = (col >= hi) | (col < lo)
-                s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))
-
-    @cute.jit
-    def apply_transposed(
-        self, acc_st: cute.Tensor, coords: cute.Tensor, m_block: Int32, n_block: Int32
-    ):
-        """`apply` for a transposed score tile S^T (rows are keys, columns queries), as the
-        backward computes it. `coords` partitions an identity tensor over (tile_n, tile_m)."""
-        s = acc_as_rows_cols(acc_st)
-        c = acc_as_rows_cols(coords)
-        offset = self.seqlen_k - self.seqlen_q
-        col0 = m_block * self.tile_m
-        row0 = n_block * self.tile_n
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            key = row0 + c[r, 0][0]
-            # per-key visible query interval [lo, hi): i in [j - offset - right, j - offset + left]
-            lo = Int32(0) - col0
-            if cutlass.const_expr(self.has_right):
-                lo = key - offset - self.window_right - col0
-            hi = Int32(self.tile_m)
-            if cutlass.const_expr(self.has_left):
-                hi = key - offset + self.window_left + 1 - col0
-            # keys past seqlen_k see nothing (their K rows are TMA zero fill)
-            hi = cutlass.select_(key < self.seqlen_k, hi, lo)
-            for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                col = c[0, j][1]
                 outside = (col >= hi) | (col < lo)
                 s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))

@@ -39,15 +39,7 @@ class FwdSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdSpec:
-    dtype: str
-    head_dim: int
-    head_dim_v: int
-    num_heads: int
-    num_heads_kv: int
-    has_left: bool
-    has_right: bool
-    has_softcap: bool
+class BwdSpec(FwdSpec):
     config: BwdTileConfig
     deterministic: bool = False
 
@@ -69,22 +61,28 @@ def _fake_rows(b, heads: int, s):
     )
 
 
-def compile_fwd(spec: FwdSpec, options: str = ""):
-    dtype = DTYPES[spec.dtype]
-    kernel = FlashFwdSm90(
-        dtype,
-        spec.head_dim,
-        spec.head_dim_v,
-        spec.num_heads // spec.num_heads_kv,
-        spec.has_left,
-        spec.has_right,
-        spec.has_softcap,
-        spec.config,
-    )
-    b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
+def _kernel_args(spec: FwdSpec) -> tuple:
+    """The constructor arguments FlashFwdSm90 and FlashBwdSm90 share, from a spec."""
+    return (
+        DTYPES[spec.dtype], spec.head_dim, spec.head_dim_v, spec.num_heads // spec.num_heads_kv,
+        spec.has_left, spec.has_right, spec.has_softcap, spec.config,
+    )  # fmt: skip
+
+
+def _fake_qkv(spec: FwdSpec, b, sq):
+    """Fake q, k, v over symbolic batch / lengths, and the symbolic seqlen_k."""
+    dtype, sk = DTYPES[spec.dtype], cute.sym_int()
     q = _fake_bshd(dtype, spec.num_heads, spec.head_dim, b, sq)
     k = _fake_bshd(dtype, spec.num_heads_kv, spec.head_dim, cute.sym_int(), sk)
     v = _fake_bshd(dtype, spec.num_heads_kv, spec.head_dim_v, cute.sym_int(), sk)
+    return q, k, v, sk
+
+
+def compile_fwd(spec: FwdSpec, options: str = ""):
+    dtype = DTYPES[spec.dtype]
+    kernel = FlashFwdSm90(*_kernel_args(spec))
+    b, sq = cute.sym_int(), cute.sym_int()
+    q, k, v, _ = _fake_qkv(spec, b, sq)
     o = _fake_bshd(dtype, spec.num_heads, spec.head_dim_v, b, sq)
     lse = _fake_rows(b, spec.num_heads, sq)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -112,22 +110,10 @@ def compile_bwd(spec: BwdSpec, options: str = ""):
     (batch, heads, query tiles) int32 tensor (any int32 (x, heads, y) tensor unless
     deterministic)."""
     dtype = DTYPES[spec.dtype]
-    kernel = FlashBwdSm90(
-        dtype,
-        spec.head_dim,
-        spec.head_dim_v,
-        spec.num_heads // spec.num_heads_kv,
-        spec.has_left,
-        spec.has_right,
-        spec.has_softcap,
-        spec.config,
-        spec.deterministic,
-    )
-    h, hkv, d, dv = spec.num_heads, spec.num_heads_kv, spec.head_dim, spec.head_dim_v
-    b, sq, sk, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-    q = _fake_bshd(dtype, h, d, b, sq)
-    k = _fake_bshd(dtype, hkv, d, cute.sym_int(), sk)
-    v = _fake_bshd(dtype, hkv, dv, cute.sym_int(), sk)
+    kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic)
+    h, d, dv = spec.num_heads, spec.head_dim, spec.head_dim_v
+    b, sq, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    q, k, v, sk = _fake_qkv(spec, b, sq)
     do = _fake_bshd(dtype, h, dv, b, sq)
     dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq)
     dk = _fake_bshd(dtype, h, d, b, sk)

@@ -48,8 +48,8 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
-from ..common.mask import TileMask
-from .primitives import gemm, smem_layout, tma_tiles
+from ..common.mask import TileMask, apply_softcap
+from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
 
 
@@ -300,22 +300,11 @@ class FlashBwdSm90:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.num_mma_threads // 32)
 
-        def tma_pipeline(mbar, stages, tx_bytes):
-            return pipeline.PipelineTmaAsync.create(
-                barrier_storage=mbar.data_ptr(),
-                num_stages=stages,
-                producer_group=producer,
-                consumer_group=consumers,
-                tx_count=tx_bytes,
-                defer_sync=True,
-            )
-
-        pipe_kv = tma_pipeline(storage.mbar_kv, 1, self.tx_bytes_kv)
-        pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, self.tx_bytes_q)
-        pipe_do = tma_pipeline(storage.mbar_do, self.num_stages, self.tx_bytes_do)
+        warps = roles.num_mma_threads // 32  # consumer warps: each releases a stage once
+        pipe_kv = tma_pipeline(storage.mbar_kv, 1, self.tx_bytes_kv, warps)
+        pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, self.tx_bytes_q, warps)
+        pipe_do = tma_pipeline(storage.mbar_do, self.num_stages, self.tx_bytes_do, warps)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -600,9 +589,10 @@ class FlashBwdSm90:
                 gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage], True)
                 warpgroup.wait_group(1)
                 # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
-                self._scores(acc_s, score_premul)
+                if cutlass.const_expr(self.has_softcap):
+                    apply_softcap(acc_s, score_premul)
                 if mask.tile_needs_mask(m_block, n_block):
-                    mask.apply_transposed(acc_s, tScS, m_block, n_block)
+                    mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
                 t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage]))
                 tdVrP = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
                 r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
@@ -690,14 +680,6 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _scores(self, acc_s: cute.Tensor, score_premul: Float32):
-        """Softcap (before masking, as in the forward): s <- tanh(s * scale / softcap); the
-        softcap factor itself is folded into softmax_scale_log2 by the host."""
-        if cutlass.const_expr(self.has_softcap):
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                acc_s[i] = cute.math.tanh(acc_s[i] * score_premul, fastmath=True)
-
     @cute.jit
     def _probs_and_ds(
         self,

@@ -34,9 +34,9 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
-from ..common.mask import TileMask
+from ..common.mask import TileMask, apply_softcap
 from ..common.softmax import OnlineSoftmax
-from .primitives import gemm, smem_layout, tma_tiles
+from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import SMEM_BYTES_SM90, SUPPORTED_HEAD_DIMS, FwdTileConfig
 
 
@@ -244,24 +244,11 @@ class FlashFwdSm90:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        # TmaAsync consumers release once per warp
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.num_mma_threads // 32)
 
-        def tma_pipeline(mbar, stages, tx_bytes):
-            # barriers are initialized here by warp 0; the init fence and CTA sync follow below
-            return pipeline.PipelineTmaAsync.create(
-                barrier_storage=mbar.data_ptr(),
-                num_stages=stages,
-                producer_group=producer,
-                consumer_group=consumers,
-                tx_count=tx_bytes,
-                defer_sync=True,
-            )
-
-        pipe_q = tma_pipeline(storage.mbar_q, 1, self.tx_bytes_q)
-        pipe_k = tma_pipeline(storage.mbar_k, self.num_stages, self.tx_bytes_k)
-        pipe_v = tma_pipeline(storage.mbar_v, self.num_stages, self.tx_bytes_v)
+        warps = roles.num_mma_threads // 32  # consumer warps: each releases a stage once
+        pipe_q = tma_pipeline(storage.mbar_q, 1, self.tx_bytes_q, warps)
+        pipe_k = tma_pipeline(storage.mbar_k, self.num_stages, self.tx_bytes_k, warps)
+        pipe_v = tma_pipeline(storage.mbar_v, self.num_stages, self.tx_bytes_v, warps)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -447,7 +434,8 @@ class FlashFwdSm90:
             self._sched_arrive(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(kv_state)
-            self._scores(acc_s, score_premul)
+            if cutlass.const_expr(self.has_softcap):
+                apply_softcap(acc_s, score_premul)
             mask.apply(acc_s, tScS, m_block, n_block)
             softmax.step(acc_s, is_first=True)
             tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
@@ -474,7 +462,8 @@ class FlashFwdSm90:
                     # no overlap: P(j-1) V(j-1) completes before softmax(j) rescales O
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
-                self._scores(acc_s, score_premul)
+                if cutlass.const_expr(self.has_softcap):
+                    apply_softcap(acc_s, score_premul)
                 if mask.tile_needs_mask(m_block, n_block):
                     mask.apply(acc_s, tScS, m_block, n_block)
                 row_scale = softmax.step(acc_s, is_first=False)
@@ -557,14 +546,6 @@ class FlashFwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _scores(self, acc_s: cute.Tensor, score_premul: Float32):
-        """Softcap (before masking, as the contract says): s <- tanh(s * scale / softcap);
-        the softcap factor itself is folded into softmax_scale_log2 by the host."""
-        if cutlass.const_expr(self.has_softcap):
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                acc_s[i] = cute.math.tanh(acc_s[i] * score_premul, fastmath=True)
-
     @cute.jit
     def _sched_wait(self, wg: Int32):
         if cutlass.const_expr(self.use_pingpong):

@@ -3,7 +3,9 @@
 * `smem_layout`: a swizzled K-major (row-major) smem layout for a (rows, cols[, stages]) tile,
   the layout TMA writes and wgmma reads;
 * `tma_tiles`: (smem, gmem) TMA partitions of a tile pair (no multicast);
-* `gemm`: issue one warpgroup GEMM over all k-blocks and commit it as one wgmma group.
+* `gemm`: issue one warpgroup GEMM over all k-blocks and commit it as one wgmma group;
+* `tma_pipeline`: an mbarrier pipeline filled by one TMA-issuing thread and released once per
+  consumer warp.
 
 Torch-free; used inside @cute.jit / @cute.kernel code only.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
@@ -53,4 +56,19 @@ def gemm(
     warpgroup.commit_group()
 
 
-__all__ = ["smem_layout", "tma_tiles", "gemm"]
+def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int):
+    """PipelineTmaAsync over the mbarriers in `mbar` (a MemRange of 2 * stages Int64). The
+    barriers are initialized here (warp 0); the caller runs pipeline_init_arrive / _wait
+    (defer_sync) once all of its pipelines exist."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=mbar.data_ptr(),
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        # TmaAsync consumers release once per warp
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+        tx_count=tx_bytes,
+        defer_sync=True,
+    )
+
+
+__all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline"]
