@@ -87,6 +87,20 @@ class TileMask(DslStruct):
         return m_min, m_max
 
     @cute.jit
+    def n_block_end_bwd(self, m_block: Int32):
+        """One past the last key tile whose `m_block_range` contains m_block: the right end of
+        the key tiles that add into this query tile's dQ in the backward. Unlike
+        `n_block_range` it does not clip the query tile at seqlen_q, because m_block_range
+        does not either (a key tile may visit a query tile whose real rows cannot see it;
+        its P is 0 there), and the deterministic turn count must match that set exactly."""
+        n_end = cute.ceil_div(self.seqlen_k, self.tile_n)
+        if cutlass.const_expr(self.has_right):
+            offset = self.seqlen_k - self.seqlen_q
+            right_edge = m_block * self.tile_m + self.tile_m + offset + self.window_right
+            n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(right_edge, 0), self.tile_n))
+        return n_end
+
+    @cute.jit
     def tile_needs_mask(self, m_block: Int32, n_block: Int32) -> cutlass.Boolean:
         """True unless every (row, col) of the tile is visible (rows past seqlen_q ignored)."""
         offset = self.seqlen_k - self.seqlen_q

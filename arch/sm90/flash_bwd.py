@@ -317,6 +317,10 @@ class FlashBwdSm90:
         sDsum = storage.sDsum.get_tensor(sRow_layout)
 
         n_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.deterministic and self.has_right):
+            # right-to-left turns (see dq_writer) wait on higher key tiles: launch those first.
+            # Warp-uniform, or ptxas keeps the value per thread and the consumers spill at D=64.
+            n_block = cute.arch.make_warp_uniform(cute.arch.grid_dim()[0] - 1 - n_block)
         mask = TileMask(
             self.tile_m,
             self.tile_n,
@@ -467,14 +471,23 @@ class FlashBwdSm90:
         for m_block in cutlass.range(m_min, m_max, unroll=1):
             cute.arch.barrier(barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads)
             if cutlass.const_expr(self.deterministic):
-                # my turn: every key tile left of mine that sees this query tile added first.
-                # Those tiles are [n_first, n_block) (a band mask makes the set contiguous) and
-                # have lower block indices, so they never wait on this CTA: no deadlock.
-                n_first, _ = mask.n_block_range(m_block)
+                # My turn comes when the key tiles before mine in a fixed order have added
+                # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
+                # (band mask). Without a right bound they go left to right; with one (causal)
+                # right to left, because the tile nearest the diagonal reaches this query tile
+                # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
+                # the unordered speed at D=128 causal). The tiles waited on have lower block
+                # indices (the grid is reversed in the right-to-left case), so they are
+                # running or done: no deadlock.
+                if cutlass.const_expr(self.has_right):
+                    my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
+                else:
+                    n_first, _ = mask.n_block_range(m_block)
+                    my_turn = n_block - n_first
                 turn = sem_bh.iterator + m_block
                 if lane == 0:
                     seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-                    while seen != n_block - n_first:
+                    while seen != my_turn:
                         seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
                 cute.arch.sync_warp()
                 cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
