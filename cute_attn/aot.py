@@ -35,6 +35,21 @@ FEATURES = (
 )
 # the backward also specializes on the deterministic dQ order
 BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0, True),)
+# forward input layouts beyond dense (InputFeatures fields; "decode": the packed decode tile
+# config), built with the causal feature, or without a mask for decode (packed rows sit at one
+# position: the causal corner is no mask there)
+FWD_INPUTS = (
+    ("split", {"split_kv": True}),
+    ("varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True}),
+    ("varlen seqused split", {"cu_seqlens_q": True, "cu_seqlens_k": True, "seqused_k": True,
+                              "split_kv": True}),
+    ("kvcache", {"seqused_k": True}),
+    ("kvcache batch_idx split", {"seqused_k": True, "kv_batch_idx": True, "split_kv": True}),
+    ("decode split", {"split_kv": True, "decode": True}),
+    ("decode kvcache", {"seqused_k": True, "decode": True}),
+)  # fmt: skip
+# split partials and packed sequences leave registers by predicated stores, not the TMA store
+DIRECT_STORE_INPUTS = ("split_kv", "cu_seqlens_q")
 
 
 def _nvdisasm() -> str | None:
@@ -83,22 +98,28 @@ def _sass(cubin: bytes) -> str:
 
 
 def _variant_problems(head_dims, dtypes, heads):
-    """(name, kind, problem) for every forward and backward variant in the tuning tables."""
+    """(name, kind, problem, inputs) for every forward and backward variant in the tuning
+    tables; inputs is the forward's InputFeatures fields (empty: dense)."""
     from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 
-    kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, FEATURES), ("sm90_bwd", BWD_HEAD_DIMS, BWD_FEATURES))
-    for kind, table, features in kinds:
-        for (d, dv), dt, (h, hkv), feature in itertools.product(table, dtypes, heads, features):
+    plain, causal = FEATURES[0], FEATURES[1]
+    fwd = [(f, "", {}) for f in FEATURES] + [
+        (plain if kw.get("decode") else causal, label, kw) for label, kw in FWD_INPUTS
+    ]
+    bwd = [(f, "", {}) for f in BWD_FEATURES]
+    kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, fwd), ("sm90_bwd", BWD_HEAD_DIMS, bwd))
+    for kind, table, variants in kinds:
+        for (d, dv), dt, (h, hkv), variant in itertools.product(table, dtypes, heads, variants):
             if head_dims and d not in head_dims:
                 continue
-            label, causal, left, right, softcap, deterministic = feature
-            name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}"
+            (label, causal, left, right, softcap, deterministic), in_label, inputs = variant
+            name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}" + (f" {in_label}" * bool(in_label))
             yield name, kind, AttnProblem(
                 batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
                 head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
                 softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
                 softcap=softcap, deterministic=deterministic,
-            )  # fmt: skip
+            ), inputs  # fmt: skip
 
 
 def compile_variants(
@@ -111,24 +132,35 @@ def compile_variants(
     if arch not in MEANT:
         return []  # no kernels for this arch yet (sm_100a: none)
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    from .arch.common.seqlen import InputFeatures
     from .bwd_sm90 import build_bwd, bwd_key
     from .fwd_sm90 import build_fwd, fwd_key
 
-    builders = {"sm90_fwd": (build_fwd, fwd_key), "sm90_bwd": (build_bwd, bwd_key)}
+    def make_fwd_key(p, arch, inputs):
+        inputs = dict(inputs)
+        decode = inputs.pop("decode", False)
+        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode)
+
+    def make_bwd_key(p, arch, inputs):
+        return bwd_key(p, arch)
+
+    builders = {"sm90_fwd": (build_fwd, make_fwd_key), "sm90_bwd": (build_bwd, make_bwd_key)}
 
     dtypes = [d for d in (dtypes or ["bf16", "fp16"]) if DTYPE_NAMES[d]]
     rows = []
     old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
     os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"
     try:
-        for name, kind, p in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
+        for name, kind, p, inputs in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
             meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
+            if any(inputs.get(f) for f in DIRECT_STORE_INPUTS):
+                meant = tuple(i for i in meant if i != "UTMASTG")
             row = {"name": name, "arch": arch, "seconds": None, "registers": None,
                    "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
             t0 = time.perf_counter()
             try:
                 build, make_key = builders[kind]
-                fn = build(make_key(p, arch))
+                fn = build(make_key(p, arch, inputs))
                 row["seconds"] = round(time.perf_counter() - t0, 2)
                 cubin = getattr(fn, "__cubin__", None)
                 if cubin:  # None when it came from the disk cache (no artifacts kept)

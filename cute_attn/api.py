@@ -155,7 +155,8 @@ def flash_attn_varlen_func(
     cu_seqlens_k, or (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages).
     Returns out (total_q, H, Dv) and lse (H, total_q) float32. Each sequence is its own
     problem (bottom-right causal per sequence). Rows past seqused_q give out 0, lse -inf.
-    No SM90 varlen kernel yet: CUDA inputs need fallback='reference'.
+    On SM90 the forward kernel serves cu_seqlens_q/k (+ seqused_k) without gradients; paged
+    k/v, seqused_q and gradients need fallback='reference' on CUDA.
     """
     p = validate_varlen(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -164,8 +165,17 @@ def flash_attn_varlen_func(
         window_size=window_size, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
         deterministic=deterministic,
     )  # fmt: skip
-    dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
-                    entry="flash_attn_varlen_func")  # fmt: skip
+    d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
+                        entry="flash_attn_varlen_func")  # fmt: skip
+    if d.impl == "sm90_fwd":
+        from .fwd_sm90 import run_fwd_varlen
+
+        return run_fwd_varlen(
+            q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
+            cu_seqlens_k=cu_seqlens_k.contiguous(),
+            seqused_k=None if seqused_k is None else seqused_k.contiguous(),
+            max_seqlen_q=max_seqlen_q,
+        )  # fmt: skip
     out, lse = reference.attention_ref_varlen(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
         seqused_k=seqused_k, page_table=page_table, softmax_scale=p.softmax_scale,
@@ -208,7 +218,8 @@ def flash_attn_with_kvcache(
     halves (False). Then q attends to the first cache_seqlens[b] + S_new keys of its row,
     causal bottom-right per row (default causal=True), window/softcap as in flash_attn_func.
     Returns out (B, Sq, H, Dv) in q's dtype and lse (B, H, Sq) float32.
-    No SM90 kernel yet: CUDA inputs need fallback='reference' (CPU runs the reference).
+    On SM90 a dense cache runs the forward kernel (the append and rotary are torch ops before
+    it); a paged cache needs fallback='reference' on CUDA. CPU runs the reference.
     See cute_attn.inference for the exact semantics.
     """
     p = validate_kvcache(
@@ -221,9 +232,17 @@ def flash_attn_with_kvcache(
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
     if k is not None:
         named += [("k", k), ("v", v)]
-    dispatch.select(p, tuple(named), fallback=fallback, entry="flash_attn_with_kvcache")
-    return inference.kvcache_reference(
-        q, k_cache, v_cache, k, v, problem=p, cache_seqlens=cache_seqlens,
-        cache_batch_idx=cache_batch_idx, page_table=page_table, rotary_cos=rotary_cos,
-        rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+    d = dispatch.select(p, tuple(named), fallback=fallback, entry="flash_attn_with_kvcache")
+    prep = dict(
+        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, page_table=page_table,
+        rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+    )  # fmt: skip
+    if d.impl != "sm90_fwd":
+        return inference.kvcache_reference(q, k_cache, v_cache, k, v, problem=p, **prep)
+    from .fwd_sm90 import run_fwd_kvcache
+
+    q, seqused_k, _ = inference.kvcache_prepare(q, k_cache, v_cache, k, v, problem=p, **prep)
+    return run_fwd_kvcache(
+        q, k_cache, v_cache, p, seqused_k=seqused_k.to(torch.int32),
+        kv_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
     )  # fmt: skip

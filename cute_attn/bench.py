@@ -34,7 +34,7 @@ from .problem import normalize_window
 ALL_IMPLS = ("cute_attn", "fa4", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # The "vs best" column divides the faster of these by each impl's median.
 BASELINE_IMPLS = ("fa4", "sdpa-cudnn")
-PRESETS = ("fwd-prefill", "bwd", "decode", "full")
+PRESETS = ("fwd-prefill", "bwd", "decode", "varlen", "full")
 L2_FALLBACK_BYTES = 50 * 2**20  # H100 / H200 L2
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -132,9 +132,27 @@ class Row:
     mode: str = "fwd"  # "fwd" or "bwd"
     metric: str = "tflops"  # "tflops" or "tbps" (decode: bytes of K+V read)
     deterministic: bool = False  # cute_attn only; the baselines run their default
+    # packed varlen row: one (Sq = Sk) length per sequence; batch / seqlen_* are then the
+    # sequence count and the longest length
+    seqlens: tuple = ()
 
     @property
     def flops(self) -> int:
+        if self.seqlens:
+            return sum(
+                attention_flops(
+                    1,
+                    self.heads,
+                    s,
+                    s,
+                    self.head_dim,
+                    self.head_dim_v,
+                    self.causal,
+                    self.window,
+                    self.mode,
+                )  # fmt: skip
+                for s in self.seqlens
+            )
         return attention_flops(
             self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim,
             self.head_dim_v, self.causal, self.window, self.mode,
@@ -142,7 +160,7 @@ class Row:
 
     def kv_bytes(self, elem_size: int) -> int:
         per_token = self.heads_kv * (self.head_dim + self.head_dim_v) * elem_size
-        return self.batch * self.seqlen_k * per_token
+        return (sum(self.seqlens) if self.seqlens else self.batch * self.seqlen_k) * per_token
 
     @property
     def has_window(self) -> bool:
@@ -170,6 +188,17 @@ def _decode_rows():
     return rows
 
 
+# 16 mixed lengths, 58,728 tokens: the varlen prefill row of the inference issue
+VARLEN_SEQLENS = (512, 8192, 1024, 6000, 3000, 256, 7000, 2048, 4096, 5000, 300, 6500, 1500,
+                  4000, 8000, 1300)  # fmt: skip
+
+
+def _varlen_rows():
+    s = VARLEN_SEQLENS
+    return [Row(f"varlen {len(s)} seqs {sum(s)} tok h32/8 d128 causal", len(s), max(s), max(s),
+                32, 8, 128, 128, causal=True, seqlens=s)]  # fmt: skip
+
+
 def preset_rows(preset: str) -> list[Row]:
     """The named shape matrix (see module docstring and `--help`)."""
     if preset == "fwd-prefill":
@@ -180,9 +209,11 @@ def preset_rows(preset: str) -> list[Row]:
         return _prefill_rows("bwd")
     if preset == "decode":
         return _decode_rows()
+    if preset == "varlen":
+        return _varlen_rows()
     if preset != "full":
         raise ValueError(f"unknown preset {preset!r}; choose from {PRESETS}")
-    rows = _prefill_rows() + _decode_rows()
+    rows = _prefill_rows() + _decode_rows() + _varlen_rows()
     for causal in (False, True):
         c = " causal" if causal else ""
         rows += [
@@ -397,7 +428,64 @@ def _build_sdpa(impl: str, row: Row, q, k, v):
     return cands, (lambda: sdpa_kernel(backend))
 
 
+def _build_varlen(impl: str, row: Row, q, k, v):
+    """Packed rows: q (total, H, D), k / v (total, Hkv, D). cute_attn and FA4 take the packed
+    tensors with cu_seqlens; SDPA has no varlen entry, so its backends loop over the sequences
+    (Sq = Sk per sequence: its top-left causal is the contract's bottom-right)."""
+    import torch
+
+    lens = torch.tensor((0, *row.seqlens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu = lens.to(q.device)
+    mx = max(row.seqlens)
+    if impl == "cute_attn":
+        import cute_attn
+
+        def fn():
+            return cute_attn.flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx,
+                causal=row.causal,
+            )[0]  # fmt: skip
+
+        return [("", fn, (k, v))], contextlib.nullcontext
+    if impl == "fa4":
+        try:
+            from flash_attn.cute import flash_attn_varlen_func
+        except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+            raise Skip("flash_attn.cute varlen not importable") from e
+
+        def fn_fa4():
+            res = flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx,
+                causal=row.causal,
+            )  # fmt: skip
+            return res[0] if isinstance(res, tuple) else res
+
+        return [("", fn_fa4, (k, v))], contextlib.nullcontext
+    if impl in _SDPA_BACKENDS:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        bounds = lens.tolist()
+        views = [(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
+                  v[a:b].transpose(0, 1)[None]) for a, b in zip(bounds, bounds[1:])]  # fmt: skip
+        out = torch.empty(q.shape[0], row.heads, row.head_dim_v, device=q.device, dtype=q.dtype)
+
+        def fn_sdpa():
+            for (qs, ks, vs), a, b in zip(views, bounds, bounds[1:]):
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=row.causal, enable_gqa=row.heads != row.heads_kv
+                )
+                out[a:b] = o[0].transpose(0, 1)
+            return out
+
+        backend = getattr(SDPBackend, _SDPA_BACKENDS[impl])
+        return [("looped per sequence", fn_sdpa, (k, v))], (lambda: sdpa_kernel(backend))
+    raise ValueError(f"unknown impl {impl!r}")
+
+
 def _candidates(impl: str, row: Row, q, k, v):
+    if row.seqlens:
+        return _build_varlen(impl, row, q, k, v)
     if impl == "cute_attn":
         return _build_cute_attn(row, q, k, v)
     if impl == "fa4":
@@ -425,6 +513,13 @@ def reference_outputs(row: Row, q, k, v, dout=None, budget_bytes: int | None = N
     sem = dict(softmax_scale=1.0 / math.sqrt(row.head_dim), causal=row.causal,
                window_size=row.window, softcap=row.softcap, compute_dtype=torch.float32,
                score_budget_bytes=budget_bytes)  # fmt: skip
+    if row.seqlens:  # packed: each sequence its own dense problem
+        outs, a = [], 0
+        for n in row.seqlens:
+            outs.append(reference.attention_ref(q[None, a : a + n], k[None, a : a + n],
+                                                v[None, a : a + n], **sem)[0][0])  # fmt: skip
+            a += n
+        return torch.cat(outs), None
     out, lse = reference.attention_ref(q, k, v, **sem)
     if dout is None:
         return out, None
@@ -439,6 +534,21 @@ def _reduce_groups(g, heads_kv: int):
     # Grads w.r.t. an expanded (B, S, H, D) K/V: sum each group back onto its KV head.
     b, s, h, d = g.shape
     return g.reshape(b, s, heads_kv, h // heads_kv, d).sum(3) if h != heads_kv else g
+
+
+def _capture(fn):
+    """(graph, output) of fn captured on a side stream after a warm-up call there."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 def _time(fn, n_sets: int, warmup: int, reps: int):
@@ -505,6 +615,18 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
 
             def call(i):
                 return torch.autograd.grad(outs[i], leaves[i], sets[i][3], retain_graph=True)
+        elif getattr(args, "graph", False):
+            # GPU time only: each set's call captured once in a CUDA graph, then replayed
+            try:
+                graphs = [_capture(c[1]) for c in cands]
+            except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the call
+                return {**res, "status": "error", "note": f"graph capture: {type(e).__name__}: "
+                        f"{e}"[:500]}  # fmt: skip
+            res["note"] = (res["note"] + " graph").strip()
+
+            def call(i):
+                graphs[i][0].replay()
+                return graphs[i][1]
         else:
 
             def call(i):
@@ -537,6 +659,10 @@ def _make_inputs(row: Row, dtype, device, l2_bytes: int, gen):
         t = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
         return t.requires_grad_(row.mode == "bwd")
 
+    if row.seqlens:  # packed (total, heads, dim); one set: far larger than L2
+        total = sum(row.seqlens)
+        return [(rnd(total, row.heads, row.head_dim), rnd(total, row.heads_kv, row.head_dim),
+                 rnd(total, row.heads_kv, row.head_dim_v), None)]  # fmt: skip
     b, sq, sk = row.batch, row.seqlen_q, row.seqlen_k
     elem = torch.empty((), dtype=dtype).element_size()
     set_bytes = elem * b * (sq * row.heads * (row.head_dim + 2 * row.head_dim_v)

@@ -85,7 +85,7 @@ def _aux_keys(arch: str, dtype: str, d: int, dv: int) -> tuple[BwdAuxKey, BwdAux
 def build_bwd(key: BwdKey):
     from .arch.sm90.compile import BwdSpec, compile_bwd  # imports cutlass: only when building
 
-    fields = {f.name for f in dataclasses.fields(BwdSpec)} - {"config"}
+    fields = {f.name for f in dataclasses.fields(BwdSpec)} - {"config", "features"}
     spec = BwdSpec(**{name: getattr(key, name) for name in fields}, config=BwdTileConfig(*key.tile))
     options = ""
     if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":

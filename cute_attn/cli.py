@@ -478,8 +478,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     from cute_attn.bench import ALL_IMPLS, PRESETS  # no torch: cheap
 
     p.add_argument("--preset", choices=PRESETS, default="fwd-prefill",
-                   help="shape matrix: fwd-prefill (16k tokens, hidden 2048), decode, or full "
-                        "(adds Sq!=Sk, GQA/MQA, windows, D=192, bwd rows)")  # fmt: skip
+                   help="shape matrix: fwd-prefill (16k tokens, hidden 2048), bwd, decode, "
+                        "varlen (16 packed sequences), or full (adds Sq!=Sk, GQA/MQA, windows, "
+                        "D=192, bwd rows)")  # fmt: skip
     p.add_argument(
         "--impls",
         nargs="+",
@@ -508,6 +509,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="run cute_attn with deterministic=True (baselines unchanged)")  # fmt: skip
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="time CUDA-graph replays: GPU time only, no host cost (forward rows)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

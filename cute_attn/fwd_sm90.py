@@ -4,10 +4,16 @@ The kernel itself (torch-free) is cute_attn.arch.sm90.flash_fwd; this module tur
 AttnProblem plus torch tensors into one launch. The compiled object is a TVM-FFI function
 that takes torch tensors directly and launches on torch's current stream (no host sync), so
 the per-call host cost is validation + a dict lookup + the FFI call.
+
+Entry points: `run_fwd` (dense), `run_fwd_varlen` (packed by cu_seqlens), `run_fwd_kvcache`
+(dense KV cache with per-row lengths, after the host appended the new keys). All three can
+split the key range over CTAs (split-KV: fp32 partials, then the combine kernel); decode-shaped
+calls (one query row, GQA) pack the query heads of a KV head into the rows of one tile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -16,7 +22,13 @@ import sys
 
 import torch
 
-from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS, FwdTileConfig, fwd_tile_config
+from .arch.common.seqlen import InputFeatures
+from .arch.sm90.tile_config import (
+    SUPPORTED_HEAD_DIMS,
+    FwdTileConfig,
+    fwd_num_splits,
+    fwd_tile_config,
+)
 from .cache import KernelKey, compiled_cache
 from .problem import AttnProblem
 
@@ -44,6 +56,7 @@ class FwdKey(Sm90Key):
     """Everything that changes the generated forward code."""
 
     tile: tuple  # dataclasses.astuple(FwdTileConfig)
+    features: tuple = dataclasses.astuple(InputFeatures())  # which optional inputs exist
 
 
 def static_features(p: AttnProblem) -> tuple:
@@ -55,16 +68,36 @@ def static_features(p: AttnProblem) -> tuple:
     )  # fmt: skip
 
 
-def fwd_key(p: AttnProblem, arch: str = ARCH) -> FwdKey:
-    return _fwd_key(arch, *static_features(p))
+@dataclasses.dataclass(frozen=True)
+class CombineKey(KernelKey):
+    """The split-KV combine kernel: output dtype and head_dim_v (lengths, heads and the split
+    count are runtime)."""
+
+    arch: str
+    dtype: str
+    head_dim_v: int
+
+
+_DENSE = InputFeatures()
+
+
+def fwd_key(
+    p: AttnProblem, arch: str = ARCH, features: InputFeatures = _DENSE, decode: bool = False
+) -> FwdKey:
+    """`decode`: p is the packed decode view (query heads of a KV head as rows)."""
+    return _fwd_key(arch, *static_features(p), features, decode)
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local):
+def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, feats,
+             decode):  # fmt: skip
     # memoized: the tuning-table lookup and key construction stay off the per-call path
-    cfg = fwd_tile_config(d, dv, causal, local)
+    cfg = fwd_tile_config(d, dv, causal, local, decode)
     tile = dataclasses.astuple(cfg)
-    return FwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile)
+    return FwdKey(
+        arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile,
+        dataclasses.astuple(feats),
+    )  # fmt: skip
 
 
 def _ensure_dsl_arch(arch: str) -> None:
@@ -81,13 +114,24 @@ _ensure_dsl_arch(ARCH)
 def build_fwd(key: FwdKey):
     from .arch.sm90.compile import FwdSpec, compile_fwd  # imports cutlass: only when building
 
-    fields = {f.name for f in dataclasses.fields(FwdSpec)} - {"config"}
-    spec = FwdSpec(**{name: getattr(key, name) for name in fields}, config=FwdTileConfig(*key.tile))
+    fields = {f.name for f in dataclasses.fields(FwdSpec)} - {"config", "features"}
+    spec = FwdSpec(
+        **{name: getattr(key, name) for name in fields},
+        config=FwdTileConfig(*key.tile),
+        features=InputFeatures(*key.features),
+    )
     options = ""
     if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":
         # the DSL writes the kept files next to the working directory unless told otherwise
         options = f"--keep-ptx --keep-cubin --dump-dir={_dump_dir()}"
     return compile_fwd(spec, options)
+
+
+@compiled_cache("sm90_combine")
+def build_combine(key: CombineKey):
+    from .arch.sm90.compile import compile_split_combine
+
+    return compile_split_combine(key.dtype, key.head_dim_v)
 
 
 @functools.cache
@@ -104,12 +148,13 @@ def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -
         return f"dtype {p.dtype} (kernels take float16/bfloat16)"
     if (p.head_dim, p.head_dim_v) not in head_dims:
         return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {head_dims}"
-    if p.varlen or p.paged:
-        return "varlen/paged inputs are not served by the SM90 kernel yet"
-    if p.kvcache:
-        return "KV-cache calls (flash_attn_with_kvcache) are not served by the SM90 kernel yet"
-    if p.num_splits > 1:
-        return "num_splits > 1 (split-KV) is not implemented on SM90 yet"
+    if p.paged:
+        return "paged KV caches (page_table) are not served by the SM90 kernel yet"
+    if p.has_seqused_q:
+        return "seqused_q is not served by the SM90 kernel yet"
+    if (p.varlen or p.kvcache) and torch.is_grad_enabled():
+        if any(t.requires_grad for _, t in tensors):
+            return "gradients through varlen / KV-cache calls (no SM90 varlen backward yet)"
     for name, t in tensors:
         if t.data_ptr() % 16:
             return f"{name} data pointer is not 16-byte aligned (TMA requirement)"
@@ -132,6 +177,124 @@ def softmax_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
     return softmax_scale * log2e, 1.0
 
 
+def _num_sms(index: int | None) -> int:
+    return _sm_count(index if index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=4096)
+def _num_splits(num_splits, d, dv, causal, local, decode, batch, rows, heads, seqlen_k, num_sms):
+    """The user's num_splits, or (0) the tuning table's choice for this grid."""
+    if num_splits > 0:
+        return num_splits
+    cfg = fwd_tile_config(d, dv, causal, local, decode)
+    ctas = batch * heads * -(-rows // cfg.tile_m)
+    return fwd_num_splits(ctas, -(-seqlen_k // cfg.tile_n), num_sms)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything about one launch that depends only on the problem, not on the tensors:
+    built once per distinct call signature (lru-cached), so the per-call host work is the
+    allocations and the launches."""
+
+    fn: object  # the compiled forward
+    combine: object | None  # the compiled combine, when splits > 1
+    scalars: tuple  # (scale_log2, premul, window_left, window_right, rows, splits)
+    splits: int
+    group: int  # query heads packed per KV head (1: not packed)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(
+    p: AttnProblem, features: InputFeatures, batch: int, max_seqlen_q: int, seqlen_k: int,
+    pack: bool, device_index: int | None,
+) -> _Plan:  # fmt: skip
+    group = p.qhead_per_kvhead if pack else 1
+    kp, rows, heads = p, max_seqlen_q, p.num_heads
+    if pack:
+        # one query row: it sees every key (no right bound); the G heads become G rows
+        kp = dataclasses.replace(
+            p, seqlen_q=group, num_heads=p.num_heads_kv, causal=False, window_right=-1
+        )
+        rows, heads = group, p.num_heads_kv
+    splits = _num_splits(
+        p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, batch, rows,
+        heads, seqlen_k, _num_sms(device_index),
+    )  # fmt: skip
+    feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
+    scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
+    combine = None
+    if splits > 1:
+        combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
+    return _Plan(
+        fn=build_fwd(fwd_key(kp, features=feats, decode=pack)),
+        combine=combine,
+        scalars=(scale_log2, premul, max(kp.window_left, 0), max(kp.window_right, 0), rows, splits),
+        splits=splits,
+        group=group,
+    )
+
+
+def _pack_rows(t: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, 1, H, X) -> (B, group, H / group, X): the query heads of one KV head become rows."""
+    b, _, h, x = t.shape
+    s0, _, s2, s3 = t.stride()
+    return t.as_strided((b, group, h // group, x), (s0, s2, group * s2, s3))
+
+
+def _pack_lse(t: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, H, 1) -> (B, H / group, group), compact like the kernel's lse."""
+    b, h, _ = t.shape
+    return t.as_strided((b, h // group, group), (t.stride(0), group * t.stride(1), t.stride(1)))
+
+
+def _run(
+    q, k, v, p: AttnProblem, out, lse, *, features: InputFeatures, max_seqlen_q: int,
+    batch: int, seqlen_k: int, pack: bool = False, cu_q=None, cu_k=None, seqused_k=None,
+    kv_batch_idx=None,
+) -> None:  # fmt: skip
+    """Launch into out (B, Sq, H, Dv) / lse (B, H, Sq) (B = 1 when packed by cu_seqlens_q):
+    directly, or through fp32 split partials and the combine. `pack` (decode: Sq = 1, GQA,
+    no left window) views the query heads of each KV head as the rows of one tile, so each
+    K/V tile is read once for all of them."""
+    plan = _plan(p, features, batch, max_seqlen_q, seqlen_k, pack, q.device.index)
+    splits, group = plan.splits, plan.group
+    o_k, l_k = out, lse
+    if splits > 1:  # fp32 partials, stacked along batch: split s of batch row b is s * B + b
+        o_k = torch.empty((splits * out.shape[0], *out.shape[1:]), dtype=torch.float32,
+                          device=q.device)  # fmt: skip
+        l_k = torch.empty((splits * lse.shape[0], *lse.shape[1:]), dtype=torch.float32,
+                          device=q.device)  # fmt: skip
+    qk, ok, lk = q, o_k, l_k
+    if group > 1:
+        qk, ok, lk = _pack_rows(q, group), _pack_rows(o_k, group), _pack_lse(l_k, group)
+    on_device = q.device.index == torch.cuda.current_device()
+    # the launches (and their stream: torch's current one) must be on q's device
+    with contextlib.nullcontext() if on_device else torch.cuda.device(q.device):
+        plan.fn(qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_k, kv_batch_idx)
+        if splits > 1:
+            plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
+
+
+def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:
+    """Pack the query heads of a KV head into one tile's rows: one query row (decode), GQA,
+    no left window (the packed rows all sit at the one position, which a left bound would
+    need per row); pack_gqa=False opts out."""
+    return (
+        seqlen_q == 1 and p.qhead_per_kvhead > 1 and p.window_left < 0 and p.pack_gqa is not False
+    )
+
+
+def _empty_rows(out: torch.Tensor, lse: torch.Tensor) -> None:
+    out.zero_()
+    lse.fill_(float("-inf"))
+
+
 def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
     b, sq, h, _ = q.shape
     out = torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
@@ -139,15 +302,55 @@ def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
     if b == 0 or sq == 0:
         return out, lse
     if p.seqlen_k == 0:  # no key at all: every row is empty (and TMA cannot map 0-size dims)
-        out.zero_()
-        lse.fill_(float("-inf"))
+        _empty_rows(out, lse)
         return out, lse
-    fn = build_fwd(fwd_key(p))
-    scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
-    args = (q, k, v, out, lse, scale_log2, premul, max(p.window_left, 0), max(p.window_right, 0))
-    if q.device.index == torch.cuda.current_device():
-        fn(*args)  # launches on torch's current stream of the current device
-    else:
-        with torch.cuda.device(q.device):  # the launch (and its stream) must be q's device
-            fn(*args)
+    _run(
+        q, k, v, p, out, lse, features=_DENSE, max_seqlen_q=sq, batch=b, seqlen_k=p.seqlen_k,
+        pack=_pack_decode(p, sq),
+    )  # fmt: skip
+    return out, lse
+
+
+def run_fwd_varlen(
+    q, k, v, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences: q (total_q, H, D), k / v (total_k, Hkv, D[v]), cu_seqlens int32.
+    Returns out (total_q, H, Dv) and lse (H, total_q)."""
+    total_q, h, _ = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    out = torch.empty((1, total_q, h, p.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((1, h, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or batch == 0 or max_seqlen_q == 0:
+        return out[0], lse[0]
+    if k.shape[0] == 0:  # no key in any sequence (TMA cannot map 0-size dims)
+        _empty_rows(out, lse)
+        return out[0], lse[0]
+    feats = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True, seqused_k=seqused_k is not None)
+    _run(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), p, out, lse, features=feats,
+        max_seqlen_q=max_seqlen_q, batch=batch, seqlen_k=p.seqlen_k, cu_q=cu_seqlens_q,
+        cu_k=cu_seqlens_k, seqused_k=seqused_k,
+    )  # fmt: skip
+    return out[0], lse[0]
+
+
+def run_fwd_kvcache(
+    q, k_cache, v_cache, p: AttnProblem, *, seqused_k, kv_batch_idx
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (B, Sq, H, D) over the first seqused_k[b] rows (int32 (B,)) of cache row
+    kv_batch_idx[b] (or b) of a dense cache (B_cache, S_cache, Hkv, D[v])."""
+    b, sq, h, _ = q.shape
+    out = torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if b == 0 or sq == 0:
+        return out, lse
+    if k_cache.shape[0] * k_cache.shape[1] == 0:
+        _empty_rows(out, lse)
+        return out, lse
+    feats = InputFeatures(seqused_k=True, kv_batch_idx=kv_batch_idx is not None)
+    _run(
+        q, k_cache, v_cache, p, out, lse, features=feats, max_seqlen_q=sq, batch=b,
+        seqlen_k=k_cache.shape[1], pack=_pack_decode(p, sq), seqused_k=seqused_k,
+        kv_batch_idx=kv_batch_idx,
+    )  # fmt: skip
     return out, lse

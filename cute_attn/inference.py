@@ -41,8 +41,9 @@ The kernel version fuses steps 1-3: the producer warp rotates and stores the new
 (append) and loads cache tiles by page (paged TMA / cp.async gather); decode-shaped calls
 (Sq small, Sk long) need split-KV over the cache, and `merge_attn_states` is exactly the
 combine that split-KV (and a cascade over a shared prefix) performs on the partial (out, lse).
-Until then dispatch rejects kvcache problems on CUDA (AttnProblem.kvcache), so CUDA calls need
-fallback="reference".
+Today the SM90 path runs steps 1 and 2 here (`kvcache_prepare`, torch ops) and step 3 in the
+forward kernel (per-row key counts, cache_batch_idx, split-KV, query heads packed per KV head
+when Sq = 1); paged caches still run the reference.
 
 Run the tests: python -m pytest -q tests/test_inference.py
 """
@@ -187,7 +188,7 @@ def _page_table(k_cache, cache_batch_idx, page_table, batch: int) -> torch.Tenso
     return torch.arange(batch, dtype=torch.int64, device=k_cache.device).unsqueeze(1)
 
 
-def kvcache_reference(
+def kvcache_prepare(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -201,12 +202,14 @@ def kvcache_reference(
     rotary_cos: torch.Tensor | None,
     rotary_sin: torch.Tensor | None,
     rotary_interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary, in-place append and attention of a validated KV-cache call (module docstring).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1 and 2 of a validated KV-cache call (module docstring): rotary, then the in-place
+    append. Returns (q, rotated when asked; seqused_k (B,) int64 = keys each row attends to;
+    the (B, max_pages) int64 page table, a dense cache's being its cache rows).
 
     `problem` is what validation.validate_kvcache returned for these arguments (its window is
-    normalized, softmax_scale resolved). Reads cache_seqlens on the host (one sync); the
-    attention itself is reference.attention_ref_varlen over the gathered used rows.
+    normalized, softmax_scale resolved). Rotary reads the largest cache_seqlens on the host
+    (one sync) to check the rotary table's length; nothing else syncs.
     """
     p = problem
     device = q.device
@@ -252,7 +255,27 @@ def kvcache_reference(
         slots = pos % page_size
         k_cache[pages, slots] = k  # index_put_: in place, one write per new row, no host sync
         v_cache[pages, slots] = v
+    return q, n_old + seqlen_new, pt
 
+
+def kvcache_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    *,
+    problem: AttnProblem,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary, in-place append and attention of a validated KV-cache call (module docstring);
+    kwargs are kvcache_prepare's. The attention is reference.attention_ref_varlen over the
+    used rows of each batch row's pages."""
+    p = problem
+    q, seqused_k, pt = kvcache_prepare(q, k_cache, v_cache, k, v, problem=p, **kwargs)
+    device = q.device
+    batch, seqlen_q, num_heads, _ = q.shape
+    page_size = k_cache.shape[1]
     if k_cache.shape[0] * page_size == 0:
         # A cache with no slots holds no key (every Sk_b is 0): out 0, lse -inf. Handled here
         # because the reference's row gather cannot reshape an empty cache.
@@ -264,7 +287,7 @@ def kvcache_reference(
     cu_q = torch.arange(batch + 1, dtype=torch.int64, device=device) * seqlen_q
     out, lse = reference.attention_ref_varlen(
         q.reshape(batch * seqlen_q, num_heads, q.shape[3]), k_cache, v_cache,
-        cu_seqlens_q=cu_q, seqused_k=n_old + seqlen_new, page_table=pt,
+        cu_seqlens_q=cu_q, seqused_k=seqused_k, page_table=pt,
         softmax_scale=p.softmax_scale, causal=False, window_size=(p.window_left, p.window_right),
         softcap=p.softcap, compute_dtype=cdt,
     )  # fmt: skip

@@ -37,3 +37,25 @@ def mode_kwargs(mode: str) -> dict:
 def sweep_batch(sq: int, sk: int) -> int:
     """A batch size in 1..3 that varies with the shape, so the sweep covers batch > 1."""
     return 1 + (sq * 7 + sk) % 3
+
+
+def assert_matches(out, lse, ref, ref_lse, same, empty_rows=None):
+    """The FlashAttention rule: max|out - ref32| <= 2 * max|same - ref32| + atol, where `same`
+    is the same math in plain torch in the input dtype and atol covers rounding ref32 to that
+    dtype; lse in fp32 with the same -inf (empty row) pattern; empty rows give out exactly 0.
+    `empty_rows` indexes out's rows the way `~isfinite(ref_lse)` is laid out (a callable from
+    that mask to out's rows); default: dense (B, H, Sq) lse vs (B, Sq, H, Dv) out."""
+    assert not out.isnan().any(), "unwritten or NaN output element"
+    err = (out.float() - ref).abs().max().item() if out.numel() else 0.0
+    base = (same.float() - ref).abs().max().item() if out.numel() else 0.0
+    atol = (ref.to(out.dtype).float() - ref).abs().max().item() + 1e-5 if out.numel() else 0.0
+    assert err <= 2 * base + atol, f"out err {err:.3e} > 2 * {base:.3e} + {atol:.3e}"
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)), "lse -inf pattern differs"
+    assert (lse[~fin] == float("-inf")).all()
+    if fin.any():
+        lerr = (lse[fin] - ref_lse[fin]).abs().max().item()
+        assert lerr <= 1e-3 * max(1.0, ref_lse[fin].abs().max().item()), f"lse err {lerr}"
+    empty = (empty_rows or (lambda m: m.transpose(1, 2)))(~fin)
+    if empty.any():
+        assert (out[empty] == 0).all()

@@ -57,8 +57,8 @@ def test_sm90_serves_supported_problem(fake_arch):
     "change,needle",
     [
         (dict(head_dim=80, head_dim_v=80), "head dims (80, 80)"),
-        (dict(varlen=True), "varlen"),
-        (dict(num_splits=4), "num_splits"),
+        (dict(varlen=True, paged=True, page_size=16), "paged"),
+        (dict(varlen=True, has_seqused_q=True), "seqused_q"),
         (dict(dtype="float32"), "dtype float32"),
     ],
 )
@@ -68,6 +68,23 @@ def test_sm90_unserved_problem_raises_with_reason(fake_arch, change, needle):
         dispatch.select(dataclasses.replace(BASE, **change), _tensors())
     assert needle in str(e.value) and "fallback='reference'" in str(e.value)
     assert dispatch.last_dispatch().impl == "none"
+
+
+@pytest.mark.parametrize(
+    "change", [dict(varlen=True), dict(varlen=True, has_seqused_k=True), dict(num_splits=4)]
+)
+def test_sm90_serves_varlen_and_splits(fake_arch, change):
+    fake_arch("sm_90a")
+    assert dispatch.select(dataclasses.replace(BASE, **change), _tensors()).impl == "sm90_fwd"
+
+
+def test_varlen_gradients_are_not_claimed(fake_arch):
+    # the kernel's varlen output has no backward: a call that needs gradients is refused
+    fake_arch("sm_90a")
+    tensors = tuple((name, t.requires_grad_()) for name, t in _tensors())
+    with pytest.raises(NotImplementedError, match="gradients through varlen"):
+        dispatch.select(dataclasses.replace(BASE, varlen=True), tensors)
+    assert dispatch.select(BASE, tensors).impl == "sm90_fwd"  # dense: the kernel backward
 
 
 def test_unaligned_strides_are_named(fake_arch):

@@ -383,7 +383,7 @@ def test_kvcache_argument_errors(seed):
     assert torch.equal(kc, kc0)  # every error comes before the cache is written
 
 
-def test_kvcache_problems_are_not_claimed_by_sm90(monkeypatch):
+def test_kvcache_problems_claimed_by_sm90_only_dense(monkeypatch):
     # Validate on CPU with a head dim the SM90 kernel serves, then pretend the tensors are CUDA.
     q = torch.randn(2, 1, 4, 128, dtype=torch.bfloat16)
     kc = torch.randn(2, 16, 2, 128, dtype=torch.bfloat16)
@@ -397,13 +397,13 @@ def test_kvcache_problems_are_not_claimed_by_sm90(monkeypatch):
     tensors = (("q", q), ("k_cache", kc), ("v_cache", kc))
     dispatch._warned.clear()
     monkeypatch.setattr(dispatch, "device_arch", lambda index: "sm_90a")
-    # without the flag this exact problem is one the dense SM90 kernel would claim
-    plain = dispatch.select(dataclasses.replace(p, kvcache=False), tensors)
-    assert plain.impl == "sm90_fwd"
-    with pytest.raises(NotImplementedError, match="KV-cache"):
-        dispatch.select(p, tensors, entry="flash_attn_with_kvcache")
+    d = dispatch.select(p, tensors, entry="flash_attn_with_kvcache")
+    assert (d.impl, d.entry) == ("sm90_fwd", "flash_attn_with_kvcache")
+    paged = dataclasses.replace(p, paged=True, page_size=16)
+    with pytest.raises(NotImplementedError, match="paged"):
+        dispatch.select(paged, tensors, entry="flash_attn_with_kvcache")
     with pytest.warns(RuntimeWarning, match="slow reference"):
-        d = dispatch.select(p, tensors, fallback="reference", entry="flash_attn_with_kvcache")
+        d = dispatch.select(paged, tensors, fallback="reference", entry="flash_attn_with_kvcache")
     assert (d.impl, d.entry) == ("reference", "flash_attn_with_kvcache")
 
 

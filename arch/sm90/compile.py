@@ -1,10 +1,12 @@
 """Torch-free compile entry for the SM90 forward: fake tensors over symbolic dims.
 
 `compile_fwd(spec)` returns a TVM-FFI compiled function taking torch tensors directly
-(q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right) on torch's
-current stream. Batch and sequence lengths and all strides but the last are symbolic, so one
-compiled object serves every length; head counts and head dims are static (they are in the
-compile key). Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
+(q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right, max_seqlen_q,
+num_splits, cu_seqlens_q, cu_seqlens_k, seqused_k, kv_batch_idx) on torch's current stream;
+the four optional int32 tensors are None unless spec.features says the variant takes them.
+Batch and sequence lengths and all strides but the last are symbolic, so one compiled object
+serves every length; head counts and head dims are static (they are in the compile key).
+Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
 
 Run on any machine (no GPU needed) with CUTE_DSL_ARCH=sm_90a set before cutlass is imported.
 """
@@ -18,6 +20,8 @@ import cutlass.cute as cute
 
 from ..common.bwd_postprocess import BwdPostprocess
 from ..common.bwd_preprocess import BwdPreprocess
+from ..common.seqlen import InputFeatures
+from ..common.split_combine import SplitCombine
 from .flash_bwd import FlashBwdSm90
 from .flash_fwd import FlashFwdSm90
 from .tile_config import BwdTileConfig, FwdTileConfig
@@ -36,6 +40,7 @@ class FwdSpec:
     has_right: bool
     has_softcap: bool
     config: FwdTileConfig
+    features: InputFeatures = InputFeatures()  # forward only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,29 +83,30 @@ def _fake_qkv(spec: FwdSpec, b, sq):
     return q, k, v, sk
 
 
+def _fake_int32_vector():
+    return cute.runtime.make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
+
+
 def compile_fwd(spec: FwdSpec, options: str = ""):
-    dtype = DTYPES[spec.dtype]
-    kernel = FlashFwdSm90(*_kernel_args(spec))
+    feats = spec.features
+    kernel = FlashFwdSm90(*_kernel_args(spec), feats)
     b, sq = cute.sym_int(), cute.sym_int()
     q, k, v, _ = _fake_qkv(spec, b, sq)
-    o = _fake_bshd(dtype, spec.num_heads, spec.head_dim_v, b, sq)
-    lse = _fake_rows(b, spec.num_heads, sq)
+    # split partials are fp32 and stacked along batch (splits * batch rows of the batch mode)
+    o_dtype = cutlass.Float32 if feats.split_kv else DTYPES[spec.dtype]
+    bo = cute.sym_int() if feats.split_kv else b
+    o = _fake_bshd(o_dtype, spec.num_heads, spec.head_dim_v, bo, sq)
+    lse = _fake_rows(bo, spec.num_heads, sq)
+    optional = [
+        _fake_int32_vector() if present else None
+        for present in (feats.cu_seqlens_q, feats.cu_seqlens_k, feats.seqused_k, feats.kv_batch_idx)
+    ]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(
-        kernel,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        cutlass.Float32(1.0),
-        cutlass.Float32(1.0),
-        cutlass.Int32(0),
-        cutlass.Int32(0),
-        stream,
-        options=opts,
-    )
+        kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0),
+        cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, stream, options=opts,
+    )  # fmt: skip
 
 
 def compile_bwd(spec: BwdSpec, options: str = ""):
@@ -156,4 +162,23 @@ def compile_bwd_postprocess(dtype_name: str, head_dim: int, options: str = ""):
     return cute.compile(
         BwdPostprocess(dtype, head_dim), dq_acc, dq, cutlass.Float32(1.0), stream,
         options=("--enable-tvm-ffi " + options).strip(),
+    )  # fmt: skip
+
+
+def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = ""):
+    """TVM-FFI function (o_part, lse_part, out, lse); see SplitCombine. All four compact."""
+    b, s, h, splits = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    f32 = cutlass.Float32
+
+    def compact(dtype, shape, align=16):
+        order = tuple(range(len(shape) - 1, -1, -1))  # row-major
+        return cute.runtime.make_fake_compact_tensor(
+            dtype, shape, stride_order=order, assumed_align=align
+        )
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        SplitCombine(DTYPES[dtype_name], head_dim_v), compact(f32, (splits, b, s, h, head_dim_v)),
+        compact(f32, (splits, b, h, s), 4), compact(DTYPES[dtype_name], (b, s, h, head_dim_v)),
+        compact(f32, (b, h, s), 4), stream, options=("--enable-tvm-ffi " + options).strip(),
     )  # fmt: skip

@@ -35,6 +35,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
+from ..common.seqlen import InputFeatures, SeqInfo
 from ..common.softmax import OnlineSoftmax
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import SMEM_BYTES_SM90, SUPPORTED_HEAD_DIMS, FwdTileConfig
@@ -81,6 +82,7 @@ class FlashFwdSm90:
         has_right: bool,
         has_softcap: bool,
         config: FwdTileConfig,
+        features: InputFeatures | None = None,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -90,6 +92,7 @@ class FlashFwdSm90:
         self.has_right = has_right
         self.has_softcap = has_softcap
         self.config = config
+        self.features = features or InputFeatures()
         self.roles = _roles_for(config.num_mma_warpgroups)
         self._setup_attributes()
 
@@ -116,16 +119,26 @@ class FlashFwdSm90:
         mQ: cute.Tensor,  # (b, s_q, h, d)
         mK: cute.Tensor,  # (b, s_k, h_kv, d)
         mV: cute.Tensor,  # (b, s_k, h_kv, dv)
-        mO: cute.Tensor,  # (b, s_q, h, dv)
-        mLSE: cute.Tensor,  # (b, h, s_q) fp32
+        mO: cute.Tensor,  # (b, s_q, h, dv); split-KV: (splits * b, s_q, h, dv) fp32
+        mLSE: cute.Tensor,  # (b, h, s_q) fp32; split-KV: (splits * b, h, s_q)
         softmax_scale_log2: Float32,  # scale * log2(e), or softcap * log2(e) with softcap
         score_premul: Float32,  # scale / softcap with softcap (tanh argument), else unused
         window_left: Int32,
         window_right: Int32,
+        max_seqlen_q: Int32,  # sizes the grid (packed q: the longest sequence)
+        num_splits: Int32,  # key-range splits per (query tile, head, batch); 1 without split_kv
+        mCuSeqlensQ: cute.Tensor | None,  # (batch + 1,) int32, with features.cu_seqlens_q
+        mCuSeqlensK: cute.Tensor | None,  # (batch + 1,) int32, with features.cu_seqlens_k
+        mSeqUsedK: cute.Tensor | None,  # (batch,) int32, with features.seqused_k
+        mKvBatchIdx: cute.Tensor | None,  # (batch,) int32, with features.kv_batch_idx
         stream: cuda.CUstream,
     ):
+        feats = self.features
         if cutlass.const_expr(mQ.element_type != self.dtype):
             raise TypeError(f"q dtype {mQ.element_type} != compiled {self.dtype}")
+        o_dtype = Float32 if cutlass.const_expr(feats.split_kv) else self.dtype
+        if cutlass.const_expr(mO.element_type != o_dtype):
+            raise TypeError(f"out dtype {mO.element_type} != {o_dtype}")
         # (seq, dim, head, batch): the seq x dim tile is what TMA and wgmma see
         mQ, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ, mO)]
         mK, mV = [select_modes(t, [1, 3, 2, 0]) for t in (mK, mV)]
@@ -166,9 +179,11 @@ class FlashFwdSm90:
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
             tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v)
         )
-        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim_v)
-        )
+        tma_atom_O, tma_O = None, mO
+        if cutlass.const_expr(not feats.direct_store):
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim_v)
+            )
         self.tx_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.tx_bytes_k = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
         self.tx_bytes_v = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
@@ -184,8 +199,11 @@ class FlashFwdSm90:
 
         self.shared_storage = SharedStorage
 
-        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
-        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
+        num_batch = mQ.shape[3]
+        if cutlass.const_expr(feats.cu_seqlens_q):
+            num_batch = mCuSeqlensQ.shape[0] - 1
+        grid = (num_m_blocks, cute.size(mQ.shape[2]), num_batch * num_splits)
         self.kernel(
             tiled_mma_qk,
             tiled_mma_pv,
@@ -206,6 +224,12 @@ class FlashFwdSm90:
             score_premul,
             window_left,
             window_right,
+            num_batch,
+            num_splits,
+            mCuSeqlensQ,
+            mCuSeqlensK,
+            mSeqUsedK,
+            mKvBatchIdx,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -236,12 +260,21 @@ class FlashFwdSm90:
         score_premul: Float32,
         window_left: Int32,
         window_right: Int32,
+        num_batch: Int32,
+        num_splits: Int32,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSeqUsedK: cute.Tensor | None,
+        mKvBatchIdx: cute.Tensor | None,
     ):
         roles = self.roles
+        feats = self.features
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.load_warp:
-            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                 cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(not feats.direct_store):
+                cpasync.prefetch_descriptor(tma_atom_O)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
 
@@ -259,37 +292,58 @@ class FlashFwdSm90:
 
         # block coordinates; LPT: for causal/local the last query tiles see the most keys
         m_block, head, batch = cute.arch.block_idx()
+        split = Int32(0)
+        if cutlass.const_expr(feats.split_kv):
+            split = batch % num_splits
+            batch = batch // num_splits
         if cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
+        seq = SeqInfo.create(
+            feats, batch, mQ.shape[0], mK.shape[0], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+            mKvBatchIdx,
+        )  # fmt: skip
         mask = TileMask(
             self.tile_m,
             self.tile_n,
-            mQ.shape[0],
-            mK.shape[0],
+            seq.seqlen_q,
+            seq.seqlen_k,
             window_left,
             window_right,
             self.has_left,
             self.has_right,
         )
         n_min, n_max = mask.n_block_range(m_block)
+        if cutlass.const_expr(feats.split_kv):
+            # contiguous, equal shares of this tile's key range; an empty share still writes
+            # its partial (out 0, lse -inf), which the combine weighs by exp(-inf) = 0
+            per_split = cute.ceil_div(cutlass.max(n_max - n_min, 0), num_splits)
+            n_min = n_min + split * per_split
+            n_max = cutlass.min(n_max, n_min + per_split)
+        # where this CTA's out / lse rows go: split partials are stacked along batch
+        out_batch = seq.q_batch + split * num_batch
+        if cutlass.const_expr(feats.cu_seqlens_q):
+            out_batch = split
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
-        if wg_idx == 0:
-            cute.arch.setmaxregister_decrease(roles.producer_regs)
-            if warp_idx == roles.load_warp:
-                self.load(
-                    tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_min, n_max,
+        # a packed batch's grid is sized by its longest sequence: tiles past this one's end
+        # have nothing to do (every role leaves together)
+        if m_block * self.tile_m < seq.seqlen_q:
+            wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+            if wg_idx == 0:
+                cute.arch.setmaxregister_decrease(roles.producer_regs)
+                if warp_idx == roles.load_warp:
+                    self.load(
+                        tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                        pipe_q, pipe_k, pipe_v, seq, m_block, head, n_min, n_max,
+                    )  # fmt: skip
+            else:
+                cute.arch.setmaxregister_increase(roles.mma_regs)
+                self.mma(
+                    tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
+                    pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, out_batch, n_min, n_max,
+                    softmax_scale_log2, score_premul,
                 )  # fmt: skip
-        else:
-            cute.arch.setmaxregister_increase(roles.mma_regs)
-            self.mma(
-                tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
-                pipe_q, pipe_k, pipe_v, mask, m_block, head, batch, n_min, n_max,
-                softmax_scale_log2, score_premul,
-            )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
     @cute.jit
@@ -307,21 +361,27 @@ class FlashFwdSm90:
         pipe_q: pipeline.PipelineAsync,
         pipe_k: pipeline.PipelineAsync,
         pipe_v: pipeline.PipelineAsync,
+        seq: SeqInfo,
         m_block: Int32,
         head: Int32,
-        batch: Int32,
         n_min: Int32,
         n_max: Int32,
     ):
         head_kv = head // self.qhead_per_kvhead
         gQ = cute.local_tile(
-            mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0)
+            seq.rows_q(mQ[None, None, head, seq.q_batch]),
+            (self.tile_m, self.head_dim),
+            (m_block, 0),
         )
         gK = cute.local_tile(
-            mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0)
+            seq.rows_k(mK[None, None, head_kv, seq.kv_batch]),
+            (self.tile_n, self.head_dim),
+            (None, 0),
         )
         gV = cute.local_tile(
-            mV[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0)
+            seq.rows_k(mV[None, None, head_kv, seq.kv_batch]),
+            (self.tile_n, self.head_dim_v),
+            (None, 0),
         )
         tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
@@ -374,9 +434,10 @@ class FlashFwdSm90:
         pipe_k: pipeline.PipelineAsync,
         pipe_v: pipeline.PipelineAsync,
         mask: TileMask,
+        seq: SeqInfo,
         m_block: Int32,
         head: Int32,
-        batch: Int32,
+        out_batch: Int32,
         n_min: Int32,
         n_max: Int32,
         softmax_scale_log2: Float32,
@@ -439,6 +500,9 @@ class FlashFwdSm90:
             mask.apply(acc_s, tScS, m_block, n_block)
             softmax.step(acc_s, is_first=True)
             tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+            if cutlass.const_expr(self.features.clean_v_tail):
+                if n_max * self.tile_n > mask.seqlen_k:
+                    self._zero_v_tail(sV, pipe_v, kv_state, mask.seqlen_k - n_block * self.tile_n)
             v_state = kv_state.clone()
             kv_state.advance()
             # ---- remaining tiles, right to left
@@ -492,8 +556,9 @@ class FlashFwdSm90:
 
         lse = softmax.finalize(acc_o)
         self.epilogue(
-            tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, m_block, head, batch
-        )
+            tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,
+            out_batch,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit
@@ -507,12 +572,12 @@ class FlashFwdSm90:
         acc_o: cute.Tensor,
         lse: cute.Tensor,
         tidx: Int32,
+        seq: SeqInfo,
         m_block: Int32,
         head: Int32,
-        batch: Int32,
+        out_batch: Int32,
     ):
-        roles = self.roles
-        seqlen_q = mO.shape[0]
+        seqlen_q = seq.seqlen_q
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         # lse: the thread holding column 0 of a row writes it
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
@@ -521,8 +586,31 @@ class FlashFwdSm90:
             for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
                 row = m_block * self.tile_m + tOcO[r, 0][0]
                 if row < seqlen_q:
-                    mLSE[row, head, batch] = lse[r]
+                    mLSE[seq.offset_q + row, head, out_batch] = lse[r]
 
+        if cutlass.const_expr(self.features.direct_store):
+            self._store_o_direct(tiled_mma_pv, mO, acc_o, tOcO, tidx, seq, m_block, head, out_batch)
+        else:
+            self._store_o_tma(
+                tiled_mma_pv, tma_atom_O, mO, sO, acc_o, tidx, m_block, head, out_batch
+            )
+
+    @cute.jit
+    def _store_o_tma(
+        self,
+        tiled_mma_pv: cute.TiledMma,
+        tma_atom_O: cute.CopyAtom,
+        mO: cute.Tensor,
+        sO: cute.Tensor,
+        acc_o: cute.Tensor,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        out_batch: Int32,
+    ):
+        """Registers -> smem (stmatrix, aliasing Q) -> TMA store, which clips rows past the
+        tensor's seq extent (dense inputs: that is seqlen_q)."""
+        roles = self.roles
         r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
         r_o.store(acc_o.load().to(self.dtype))
         # every consumer warpgroup must be done reading sQ before O overwrites it
@@ -538,14 +626,79 @@ class FlashFwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.store_warp:
             gO = cute.local_tile(
-                mO[None, None, head, batch], (self.tile_m, self.head_dim_v), (m_block, 0)
+                mO[None, None, head, out_batch], (self.tile_m, self.head_dim_v), (m_block, 0)
             )
             tOsO, tOgO = tma_tiles(tma_atom_O, sO, gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    @cute.jit
+    def _store_o_direct(
+        self,
+        tiled_mma_pv: cute.TiledMma,
+        mO: cute.Tensor,
+        acc_o: cute.Tensor,
+        tOcO: cute.Tensor,
+        tidx: Int32,
+        seq: SeqInfo,
+        m_block: Int32,
+        head: Int32,
+        out_batch: Int32,
+    ):
+        """Registers -> global, row-predicated, in mO's dtype (fp32 split partials): nothing
+        past this sequence's last row is written, so packed neighbours stay untouched."""
+        r_o = cute.make_rmem_tensor_like(acc_o, mO.element_type)
+        r_o.store(acc_o.load().to(mO.element_type))
+        gO = cute.local_tile(
+            seq.rows_q(mO[None, None, head, out_batch]),
+            (self.tile_m, self.head_dim_v),
+            (m_block, 0),
+        )
+        tOgO = acc_as_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(gO))
+        tOrO = acc_as_rows_cols(r_o)
+        for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+            if m_block * self.tile_m + tOcO[r, 0][0] < seq.seqlen_q:
+                cute.autovec_copy(tOrO[r, None], tOgO[r, None])
+
     # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _zero_v_tail(
+        self,
+        sV: cute.Tensor,
+        pipe_v: pipeline.PipelineAsync,
+        state: pipeline.PipelineState,
+        valid_rows: Int32,
+    ):
+        """Zero rows [valid_rows, tile_n) of V's stage `state` once its TMA landed: they
+        lie past seqlen_k and may be stale cache rows (NaN/Inf), which P = 0 alone does not
+        neutralize. Every consumer thread writes a share, then all are ordered before the
+        wgmma (async proxy) reads the stage."""
+        tidx = cute.arch.thread_idx()[0] - 128
+        pipe_v.consumer_wait(state)  # waiting again later on the same phase returns at once
+        num_threads = self.roles.num_mma_threads
+        # threads per row: the most that divide the row evenly with every row covered
+        per_row = (
+            max(
+                p
+                for p in range(1, 9)
+                if self.head_dim_v % p == 0 and p * self.tile_n <= num_threads
+            )
+            if num_threads >= self.tile_n
+            else 1
+        )
+        cols = self.head_dim_v // per_row
+        sVs = sV[None, None, state.index]
+        for row in cutlass.range(tidx // per_row, self.tile_n, num_threads // per_row):
+            if row >= valid_rows:
+                col0 = (tidx % per_row) * cols
+                for c in cutlass.range_constexpr(cols):
+                    sVs[row, col0 + c] = self.dtype(0.0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(
+            barrier_id=self.roles.bar_epilogue, number_of_threads=self.roles.num_mma_threads
+        )
+
     @cute.jit
     def _sched_wait(self, wg: Int32):
         if cutlass.const_expr(self.use_pingpong):

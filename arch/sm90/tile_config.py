@@ -52,14 +52,23 @@ class FwdTileConfig:
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
-def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> FwdTileConfig:
-    """The tuning table. Inputs are static problem features only (never lengths).
+def fwd_tile_config(
+    head_dim: int, head_dim_v: int, causal: bool, local: bool, decode: bool = False
+) -> FwdTileConfig:
+    """The tuning table. Inputs are static problem features only (never lengths); `decode` is
+    the packed decode layout (one query row, the query heads of a KV head as the tile's rows).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
     if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
+    if decode and head_dim <= 128:
+        # Packed decode: a KV head's query heads (GQA groups are <= 64 in practice) fill at
+        # most one 64-row warpgroup, so a second consumer warpgroup only doubles tensor-core
+        # time; the smem it frees holds a third K/V stage for a memory-bound loop.
+        # docs/perf/README.md (decode) has the same-run comparison with the default config.
+        return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
     if head_dim <= 64:
         # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
         # tile_n 192: 427, and 3 consumer warpgroups (192 x 128): 386 (tune_d64_tiles.json).
@@ -80,6 +89,17 @@ def fwd_tile_config(head_dim: int, head_dim_v: int, causal: bool, local: bool) -
     # Overlap off: 672 vs 617 TFLOP/s at 16k, 649 vs 602 causal (O is 128 registers/thread,
     # two live S tiles do not pay); ping-pong neutral (616 vs 617): off.
     return FwdTileConfig(tile_n=80, pingpong=False, intra_wg_overlap=False)
+
+
+def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
+    """Split-KV count for num_splits=0, from the grid the call would launch without splits
+    (num_ctas) and its key tiles per CTA: split only when that grid leaves SMs idle, into at
+    most one wave, keeping >= 2 key tiles per split (the partials and the combine cost about
+    one tile's traffic each). Not yet tuned by measurement: the first decode rows measured
+    with it are in docs/perf/README.md."""
+    if num_ctas >= num_sms or num_n_blocks < 4:
+        return 1
+    return max(1, min(num_sms // num_ctas, num_n_blocks // 2, 128))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,99 @@
+"""Per-batch sequence geometry of one CTA: where its query and key rows start and how many there
+are, for dense, packed (varlen), KV-cache (seqused_k, cache_batch_idx) and split-KV inputs.
+
+Which inputs exist is static (`InputFeatures`, part of the compile key); their values are
+runtime tensors read once at the start of the CTA. Packed tensors reach the kernel with a unit
+batch mode (the host unsqueezes them), so every tensor is (seq, dim, head, batch) inside and a
+sequence is a `domain_offset` along seq: the TMA coordinate tensors offset the same way.
+
+Rows past a sequence's end inside a tile belong to the next packed sequence (or to stale cache
+rows): loads may read them, the mask hides them from the scores, and stores never write them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from .dsl import DslStruct
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFeatures:
+    """Which optional inputs a forward kernel variant takes (presence specializes; values are
+    runtime)."""
+
+    cu_seqlens_q: bool = False  # q / out / lse packed (total_q, ...)
+    cu_seqlens_k: bool = False  # k / v packed (total_k, ...)
+    seqused_k: bool = False  # keys used per batch row (KV cache lengths)
+    kv_batch_idx: bool = False  # batch row b reads cache row kv_batch_idx[b]
+    split_kv: bool = False  # CTAs split the key range; fp32 partial out / lse per split
+
+    @property
+    def direct_store(self) -> bool:
+        """O leaves registers with predicated stores instead of the TMA store: a packed tile
+        must not spill into the next sequence, and split partials are fp32."""
+        return self.cu_seqlens_q or self.split_kv
+
+    @property
+    def clean_v_tail(self) -> bool:
+        """V rows past seqlen_k inside the last key tile may hold anything (stale cache rows,
+        the next packed sequence's values, NaN): they are zeroed in smem, because P = 0 there
+        still gives 0 * NaN = NaN. Dense inputs need no cleaning: past the tensor's end the
+        TMA fills zeros."""
+        return self.seqused_k or self.cu_seqlens_k
+
+
+class SeqInfo(DslStruct):
+    _dynamic_ = ("offset_q", "seqlen_q", "offset_k", "seqlen_k", "q_batch", "kv_batch")
+
+    def __init__(self, offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features):
+        self.offset_q = offset_q
+        self.seqlen_q = seqlen_q
+        self.offset_k = offset_k
+        self.seqlen_k = seqlen_k
+        self.q_batch = q_batch  # batch coordinate of q / out (0 when packed)
+        self.kv_batch = kv_batch  # batch coordinate of k / v (0 when packed)
+        self.features = features
+
+    @staticmethod
+    @cute.jit
+    def create(
+        features: cutlass.Constexpr,
+        batch: Int32,
+        seqlen_q_static: Int32,
+        seqlen_k_static: Int32,
+        mCuSeqlensQ,
+        mCuSeqlensK,
+        mSeqUsedK,
+        mKvBatchIdx,
+    ):
+        offset_q, seqlen_q, q_batch = Int32(0), Int32(seqlen_q_static), batch
+        if cutlass.const_expr(features.cu_seqlens_q):
+            offset_q = mCuSeqlensQ[batch]
+            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+            q_batch = Int32(0)
+        offset_k, seqlen_k, kv_batch = Int32(0), Int32(seqlen_k_static), batch
+        if cutlass.const_expr(features.kv_batch_idx):
+            kv_batch = mKvBatchIdx[batch]
+        if cutlass.const_expr(features.cu_seqlens_k):
+            offset_k = mCuSeqlensK[batch]
+            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
+            kv_batch = Int32(0)
+        if cutlass.const_expr(features.seqused_k):
+            seqlen_k = mSeqUsedK[batch]
+        return SeqInfo(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features)
+
+    def rows_q(self, t: cute.Tensor) -> cute.Tensor:
+        """(seq, dim) view of one head of q / out starting at this sequence's first row."""
+        if cutlass.const_expr(self.features.cu_seqlens_q):
+            return cute.domain_offset((self.offset_q, 0), t)
+        return t
+
+    def rows_k(self, t: cute.Tensor) -> cute.Tensor:
+        if cutlass.const_expr(self.features.cu_seqlens_k):
+            return cute.domain_offset((self.offset_k, 0), t)
+        return t

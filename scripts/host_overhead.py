@@ -1,0 +1,105 @@
+"""Host cost per call and GPU-only time of the decode paths (H200 helper, not a test).
+
+For each case: eager time per call from CUDA events around back-to-back calls (what `bench`
+reports: when the host is slower than the kernels this is host time), host time per call
+(perf_counter over calls issued without syncing), and the GPU time of the same call replayed
+from a CUDA graph (no host work).
+
+    python3 scripts/host_overhead.py [--out host.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import cute_attn
+
+
+def _events(fn, reps=50):
+    for _ in range(5):
+        fn()
+    s = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    e = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        s[i].record()
+        fn()
+        e[i].record()
+    torch.cuda.synchronize()
+    t = sorted(a.elapsed_time(b) for a, b in zip(s, e))
+    return t[len(t) // 2] * 1e3
+
+
+def _host(fn, reps=200):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
+def _graph(fn, reps=50):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return _events(g.replay, reps)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="cProfile the host path of each case")
+    args = ap.parse_args()
+    dev, dt = "cuda", torch.bfloat16
+    rows = []
+    cases = [("dense tiny b1 s128 h8 d64", 1, 128, 128, 8, 8, 64, "dense")]
+    for b, sk in ((1, 32768), (8, 8192), (64, 8192), (128, 2048)):
+        cases.append((f"decode b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, "dense"))
+        cases.append((f"kvcache b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, "kvcache"))
+    for name, b, sq, sk, h, hkv, d, kind in cases:
+        q = torch.randn(b, sq, h, d, device=dev, dtype=dt)
+        k = torch.randn(b, sk, hkv, d, device=dev, dtype=dt)
+        v = torch.randn(b, sk, hkv, d, device=dev, dtype=dt)
+        if kind == "dense":
+
+            def fn(q=q, k=k, v=v):
+                return cute_attn.flash_attn_func(q, k, v, causal=True)
+        else:
+            n = torch.full((b,), sk, dtype=torch.int32, device=dev)
+
+            def fn(q=q, k=k, v=v, n=n):
+                return cute_attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
+
+        fn()
+        row = {"case": name, "eager_us": _events(fn), "host_us": _host(fn), "graph_us": _graph(fn),
+               "dispatch": cute_attn.last_dispatch().impl}  # fmt: skip
+        row["graph_tbps"] = 2 * b * sk * hkv * d * 2 / (row["graph_us"] * 1e-6) / 1e12
+        rows.append(row)
+        if args.profile and " b1 " in name:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.runcall(lambda: [fn() for _ in range(200)])
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        print(f"{name:<34} eager {row['eager_us']:8.1f} us  host {row['host_us']:7.1f} us  "
+              f"graph {row['graph_us']:8.1f} us ({row['graph_tbps']:.2f} TB/s)",
+              flush=True)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

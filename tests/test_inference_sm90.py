@@ -1,0 +1,317 @@
+"""SM90 forward kernel on the inference paths (GPU, `gpu` marker): packed varlen sequences,
+split-KV, and flash_attn_with_kvcache over a dense cache (per-row lengths, cache_batch_idx,
+append, rotary, query heads packed per KV head at Sq = 1).
+
+Every expectation is the per-sequence dense reference (cute_attn.reference.attention_ref on
+that sequence's rows) with the FlashAttention tolerance rule (gpu_cases.assert_matches).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import cute_attn
+from cute_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from cute_attn.inference import apply_rotary
+from cute_attn.reference import attention_ref
+
+from gpu_cases import SWEEP_MODES, assert_matches, mode_kwargs
+
+LENS_Q = [0, 1, 113, 5, 239, 300, 2]
+LENS_K = [3, 1, 203, 0, 1, 457, 5]
+
+
+def _gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _packed(lens, h, d, dtype, g):
+    return torch.randn(sum(lens), h, d, device="cuda", dtype=dtype, generator=g)
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                        device="cuda")  # fmt: skip
+
+
+def _per_sequence_ref(q, k, v, lens_q, lens_k, **kw):
+    """(ref32, lse32, same) for packed q / k / v, each sequence its own dense problem."""
+    outs, lses, sames = [], [], []
+    oq = ok = 0
+    for sq, sk in zip(lens_q, lens_k):
+        qs, ks, vs = q[oq : oq + sq][None], k[ok : ok + sk][None], v[ok : ok + sk][None]
+        r, lse = attention_ref(qs, ks, vs, compute_dtype=torch.float32, **kw)
+        s, _ = attention_ref(qs, ks, vs, compute_dtype=None, **kw)
+        outs.append(r[0])
+        lses.append(lse[0])
+        sames.append(s[0])
+        oq, ok = oq + sq, ok + sk
+    return torch.cat(outs), torch.cat(lses, dim=1), torch.cat(sames)
+
+
+def _varlen(q, k, v, lens_q, lens_k, **kw):
+    out, lse = flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), max_seqlen_q=max(lens_q),
+        max_seqlen_k=max(lens_k), **kw,
+    )  # fmt: skip
+    d = cute_attn.last_dispatch()
+    assert (d.impl, d.entry) == ("sm90_fwd", "flash_attn_varlen_func"), d
+    return out, lse
+
+
+def _check_varlen(h, hkv, d, dtype, mode_kw, num_splits=0, lens_q=LENS_Q, lens_k=LENS_K, seed=0):
+    g = _gen(seed)
+    q, k = _packed(lens_q, h, d, dtype, g), _packed(lens_k, hkv, d, dtype, g)
+    v = _packed(lens_k, hkv, d, dtype, g)
+    out, lse = _varlen(q, k, v, lens_q, lens_k, num_splits=num_splits, **mode_kw)
+    ref, ref_lse, same = _per_sequence_ref(q, k, v, lens_q, lens_k, **mode_kw)
+    assert out.shape == (sum(lens_q), h, d) and lse.shape == (h, sum(lens_q))
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+    return q, k, v, out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", SWEEP_MODES)
+def test_varlen_sweep(mode, d, num_splits):
+    _check_varlen(6, 2, d, torch.bfloat16, mode_kwargs(mode), num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,hkv", [(6, 6), (6, 3), (6, 1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_varlen_gqa(h, hkv, dtype):
+    _check_varlen(h, hkv, 128, dtype, {"causal": True, "window_size": (64, None)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (256, 256)])
+def test_varlen_other_head_dims(d, dv):
+    g = _gen(1)
+    q, k = _packed(LENS_Q, 4, d, torch.bfloat16, g), _packed(LENS_K, 2, d, torch.bfloat16, g)
+    v = _packed(LENS_K, 2, dv, torch.bfloat16, g)
+    out, lse = _varlen(q, k, v, LENS_Q, LENS_K, causal=True)
+    ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, causal=True)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_varlen_no_leak_between_sequences(num_splits):
+    # perturbing sequence i leaves every other sequence's output bitwise unchanged
+    lens_q, lens_k = [130, 7, 200, 64], [140, 300, 9, 64]
+    q, k, v, out, lse = _check_varlen(4, 2, 128, torch.bfloat16, {"causal": True}, num_splits,
+                                      lens_q, lens_k)  # fmt: skip
+    cq, ck = _cu(lens_q).tolist(), _cu(lens_k).tolist()
+    for i in range(len(lens_q)):
+        q2, k2, v2 = q.clone(), k.clone(), v.clone()
+        q2[cq[i] : cq[i + 1]] *= -1.5
+        k2[ck[i] : ck[i + 1]] += 1.0
+        v2[ck[i] : ck[i + 1]] = float("nan")  # would poison any row that read it
+        out2, lse2 = _varlen(q2, k2, v2, lens_q, lens_k, causal=True, num_splits=num_splits)
+        keep = torch.ones(sum(lens_q), dtype=torch.bool, device="cuda")
+        keep[cq[i] : cq[i + 1]] = False
+        assert torch.equal(out2[keep], out[keep]), f"sequence {i} leaked into others"
+        assert torch.equal(lse2[:, keep], lse[:, keep])
+
+
+@pytest.mark.gpu
+def test_varlen_poisoned_outputs_fully_written():
+    # out and lse over 1 MiB each: they come from the caching allocator's large pool, where the
+    # small temporaries of validation cannot take the poisoned blocks first
+    lens_q, lens_k = [0, 40001, 1, 29998], [5, 200, 0, 64]
+    g = _gen(3)
+    q = _packed(lens_q, 4, 128, torch.bfloat16, g)
+    k, v = _packed(lens_k, 2, 128, torch.bfloat16, g), _packed(lens_k, 2, 128, torch.bfloat16, g)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    junk_o = torch.full((1, sum(lens_q), 4, 128), float("nan"), device="cuda", dtype=q.dtype)
+    junk_l = torch.full((1, 4, sum(lens_q)), float("nan"), device="cuda")
+    ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
+    del junk_o, junk_l
+    out, lse = flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40001, max_seqlen_k=200
+    )
+    assert {out.data_ptr(), lse.data_ptr()} == ptrs, "poisoned blocks were not reused"
+    ref, ref_lse, same = _per_sequence_ref(q, k, v, lens_q, lens_k)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+
+
+@pytest.mark.gpu
+def test_varlen_seqused_k_ignores_poisoned_tail():
+    lens_q, lens_k, used = [3, 50, 1], [40, 300, 129], [17, 300, 128]
+    g = _gen(4)
+    q = _packed(lens_q, 4, 64, torch.bfloat16, g)
+    k, v = _packed(lens_k, 1, 64, torch.bfloat16, g), _packed(lens_k, 1, 64, torch.bfloat16, g)
+    ck = _cu(lens_k).tolist()
+    for i, u in enumerate(used):  # rows past seqused_k hold NaN / Inf
+        k[ck[i] + u : ck[i + 1]] = float("inf")
+        v[ck[i] + u : ck[i + 1]] = float("nan")
+    seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+    for splits in (1, 3):
+        out, lse = flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), max_seqlen_q=50,
+            max_seqlen_k=300, seqused_k=seqused, causal=True, num_splits=splits,
+        )  # fmt: skip
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        kk = torch.cat([k[ck[i] : ck[i] + u] for i, u in enumerate(used)])
+        vv = torch.cat([v[ck[i] : ck[i] + u] for i, u in enumerate(used)])
+        ref, ref_lse, same = _per_sequence_ref(q, kk, vv, lens_q, used, causal=True)
+        assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+
+
+# ------------------------------------------------------------------ dense split-KV
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 2, 7, 64])
+@pytest.mark.parametrize("mode", SWEEP_MODES)
+def test_dense_split_kv(mode, num_splits):
+    g = _gen(5)
+    q = torch.randn(2, 70, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 3000, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 3000, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    kw = mode_kwargs(mode)
+    out, lse = flash_attn_func(q, k, v, num_splits=num_splits, **kw)
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, **kw)
+    same, _ = attention_ref(q, k, v, compute_dtype=None, **kw)
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+# ------------------------------------------------------------------ KV cache
+
+
+def _cache_case(b, sq, h, hkv, d, s_cache, seed, dtype=torch.bfloat16, b_cache=None):
+    g = _gen(seed)
+
+    def mk(*s):
+        return torch.randn(*s, device="cuda", dtype=dtype, generator=g)
+
+    b_cache = b_cache or b
+    return mk(b, sq, h, d), mk(b_cache, s_cache, hkv, d), mk(b_cache, s_cache, hkv, d)
+
+
+def _cache_ref(q, kc, vc, rows, lens, **kw):
+    """Per batch row b: dense attention of q[b] over the first lens[b] rows of cache row
+    rows[b]."""
+    refs, lses, sames = [], [], []
+    for b, (c, n) in enumerate(zip(rows, lens)):
+        args = (q[b : b + 1], kc[c : c + 1, :n], vc[c : c + 1, :n])
+        r, lse = attention_ref(*args, compute_dtype=torch.float32, **kw)
+        s, _ = attention_ref(*args, compute_dtype=None, **kw)
+        refs.append(r)
+        lses.append(lse)
+        sames.append(s)
+    return torch.cat(refs), torch.cat(lses), torch.cat(sames)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 1, 5])
+@pytest.mark.parametrize("sq", [1, 4])
+@pytest.mark.parametrize("h,hkv", [(8, 2), (6, 6), (6, 1)])
+@pytest.mark.parametrize("new", [0, 1])
+def test_kvcache_decode(h, hkv, sq, num_splits, new):
+    b, d, s_cache = 4, 128, 1000
+    q, kc, vc = _cache_case(b, sq, h, hkv, d, s_cache, seed=sq * 10 + hkv)
+    lens_old = [0, 1, 517, s_cache - sq * new][:b]
+    n = torch.tensor(lens_old, dtype=torch.int32, device="cuda")
+    kn = vn = None
+    if new:
+        g = _gen(7)
+        kn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+        vn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+    for i, n_old in enumerate(lens_old):  # never-written rows hold NaN / Inf
+        kc[i, n_old + sq * new :] = float("inf")
+        vc[i, n_old + sq * new :] = float("nan")
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, num_splits=num_splits)
+    d_ = cute_attn.last_dispatch()
+    assert (d_.impl, d_.entry) == ("sm90_fwd", "flash_attn_with_kvcache"), d_
+    if new:  # the append wrote exactly the new rows
+        for i, n_old in enumerate(lens_old):
+            kc_ref[i, n_old : n_old + sq] = kn[i]
+            vc_ref[i, n_old : n_old + sq] = vn[i]
+        assert torch.equal(kc.nan_to_num(1e4, 1e4), kc_ref.nan_to_num(1e4, 1e4))
+        assert torch.equal(vc.nan_to_num(1e4, 1e4), vc_ref.nan_to_num(1e4, 1e4))
+    lens = [x + sq * new for x in lens_old]
+    ref, ref_lse, same = _cache_ref(q, kc, vc, range(b), lens, causal=True)
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kvcache_batch_idx_window_softcap(num_splits):
+    q, kc, vc = _cache_case(3, 1, 8, 2, 64, 700, seed=11, b_cache=5)
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    lens = [700, 33, 129]
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for kw in ({"causal": True}, {"window_size": (100, 0)}, {"softcap": 20.0, "causal": True}):
+        out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, cache_batch_idx=rows,
+                                           num_splits=num_splits, **kw)  # fmt: skip
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        ref, ref_lse, same = _cache_ref(q, kc, vc, rows.tolist(), lens, **kw)
+        assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+def test_kvcache_rotary_append():
+    q, kc, vc = _cache_case(2, 1, 8, 2, 128, 300, seed=12)
+    g = _gen(13)
+    kn = torch.randn(2, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+    vn = torch.randn(2, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+    ang = torch.rand(400, 32, device="cuda", generator=g) * 6.28
+    n = torch.tensor([5, 290], dtype=torch.int32, device="cuda")
+    kw = dict(rotary_cos=ang.cos().to(q.dtype), rotary_sin=ang.sin().to(q.dtype),
+              rotary_interleaved=False)  # fmt: skip
+    kc2, vc2 = kc.clone(), vc.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, **kw)
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reference path on CUDA warns once
+        flash_attn_with_kvcache(q, kc2, vc2, kn, vn, cache_seqlens=n, fallback="reference", **kw)
+    # both paths rotate and append with the same torch code: identical caches
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    qr = apply_rotary(q, kw["rotary_cos"], kw["rotary_sin"], n.long()[:, None], False)
+    ref, ref_lse, same = _cache_ref(qr, kc, vc, range(2), (n + 1).tolist(), causal=True)
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+# ---------------------------------------------------------------- CPU: compile for sm_90a
+_COMBINE_SNIPPET = r"""
+import json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.arch.sm90.compile import compile_split_combine
+from cute_attn.aot import _sass
+rows = []
+for dt in ("bfloat16", "float16"):
+    for dv in (64, 96, 128, 192, 256):
+        cubin = compile_split_combine(dt, dv, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+        sass = _sass(cubin.__cubin__)
+        rows.append({"dtype": dt, "dv": dv, "sass": bool(sass), "shfl": sass.count("SHFL.BFLY"),
+                     "spills": sass.count("STL") + sass.count("LDL")})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.compile
+def test_compile_split_combine(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", _COMBINE_SNIPPET], capture_output=True,
+                         text=True, env=env, timeout=900)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(rows) == 10
+    for r in rows:
+        if not r["sass"]:
+            pytest.skip("nvdisasm not installed: cannot read SASS")
+        # max and sum over the splits reduce by butterfly shuffles; nothing spills
+        assert r["shfl"] >= 10 and r["spills"] == 0, r
