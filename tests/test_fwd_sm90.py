@@ -139,5 +139,9 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     for r in rows:
         assert r["ok"], r
         assert r["spills"] == 0, r
-        for instr in ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"):
+        for instr in ("HGMMA", "UTMALDG", "USETMAXREG"):
             assert r["instructions"][instr], (instr, r)
+        # O leaves by TMA store except where split partials or packed sequences need
+        # row-predicated stores (aot.DIRECT_STORE_INPUTS)
+        direct = any(tag in r["name"] for tag in (" split", " varlen"))
+        assert r["instructions"].get("UTMASTG", False) != direct or "sm90_bwd" in r["name"], r
