@@ -422,3 +422,38 @@ def test_dispatch_runs_before_the_cache_is_written(seed, monkeypatch):
     assert torch.equal(kc, kc0)
     assert seen == dict(fallback="error", entry="flash_attn_with_kvcache",
                         names=["q", "k_cache", "v_cache", "k", "v"])  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# SM90 host plan pieces that need no GPU: the split table and the packed-decode views
+# --------------------------------------------------------------------------------------------
+
+
+def test_split_table_fills_one_wave_at_most():
+    from cute_attn.arch.sm90.tile_config import fwd_num_splits
+
+    # decode rows of the bench: B=1 and B=8 (8 KV heads, packed) split, B=64 does not
+    assert fwd_num_splits(8, 256, 132) == 16
+    assert fwd_num_splits(64, 64, 132) == 2
+    assert fwd_num_splits(512, 64, 132) == 1
+    assert fwd_num_splits(8, 3, 132) == 1  # too few key tiles to share
+    for ctas in (1, 2, 7, 50, 131, 132, 1000):
+        for tiles in (1, 4, 9, 64, 1000):
+            s = fwd_num_splits(ctas, tiles, 132)
+            assert s >= 1 and (s == 1 or (ctas * s <= 132 and tiles // s >= 2)), (ctas, tiles, s)
+
+
+def test_packed_decode_views_map_heads_to_rows():
+    from cute_attn.fwd_sm90 import _pack_lse, _pack_rows
+
+    b, h, group, d = 3, 8, 4, 16
+    q = torch.randn(b, 1, h, d)
+    packed = _pack_rows(q, group)
+    assert packed.shape == (b, group, h // group, d)
+    for hk in range(h // group):
+        for g in range(group):  # row g of KV head hk is query head hk * group + g
+            assert torch.equal(packed[:, g, hk], q[:, 0, hk * group + g])
+    lse = torch.randn(b, h, 1)
+    pl = _pack_lse(lse, group)
+    assert pl.shape == (b, h // group, group) and pl.is_contiguous()  # the kernel's compact lse
+    assert torch.equal(pl.reshape(b, h), lse[..., 0])

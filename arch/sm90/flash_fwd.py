@@ -12,10 +12,19 @@ One CTA computes one (tile_m query rows, head, batch) output tile:
     so one warpgroup's softmax hides under the other's tensor-core work;
   * epilogue: O is normalized, converted, written to smem (aliasing Q) with stmatrix and
     stored by TMA (which clips rows past seqlen_q); lse (natural log) is written per row.
+    Packed (varlen) and split-KV variants store O from registers with a row predicate instead
+    (a packed tile's last rows belong to the next sequence; split partials are fp32).
+
+Optional inputs (`InputFeatures`, arch/common/seqlen.py; presence is static): cu_seqlens_q/k
+(packed sequences, one CTA row range each), seqused_k and cache_batch_idx (KV cache), split-KV
+(grid z = batch x splits, each CTA an equal share of its key-tile range; the partials are
+merged by arch/common/split_combine.py). With cu_seqlens_k or seqused_k the V rows past a
+sequence inside its last key tile are zeroed in smem before P V.
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
-tensors in (batch, seq, heads, dim) layout; lse (batch, heads, seq) fp32.
+tensors in (batch, seq, heads, dim) layout (packed ones with a unit batch mode); lse
+(batch, heads, seq) fp32.
 
 Compile without a GPU (arch/sm90/compile.py holds the fake-tensor signature):
     CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
