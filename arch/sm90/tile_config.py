@@ -66,8 +66,10 @@ def fwd_tile_config(
     if decode and head_dim <= 128:
         # Packed decode: a KV head's query heads (GQA groups are <= 64 in practice) fill at
         # most one 64-row warpgroup, so a second consumer warpgroup only doubles tensor-core
-        # time; the smem it frees holds a third K/V stage for a memory-bound loop.
-        # docs/perf/README.md (decode) has the same-run comparison with the default config.
+        # time; the smem it frees holds a third K/V stage for a memory-bound loop. H200,
+        # 32/8 heads, D=128, CUDA-graph time, this vs the default tile (two sessions, not one
+        # run; docs/perf/host_overhead_h200*.json): B=1 Sk=32k 41.1 vs 42.7 us, B=8 Sk=8k
+        # 68.6 vs 69.8, B=64 Sk=8k 480 vs 521, B=128 Sk=2k 245 vs 278.
         return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
     if head_dim <= 64:
         # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
