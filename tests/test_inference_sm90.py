@@ -37,19 +37,25 @@ def _cu(lens):
                         device="cuda")  # fmt: skip
 
 
-def _per_sequence_ref(q, k, v, lens_q, lens_k, **kw):
-    """(ref32, lse32, same) for packed q / k / v, each sequence its own dense problem."""
-    outs, lses, sames = [], [], []
-    oq = ok = 0
-    for sq, sk in zip(lens_q, lens_k):
-        qs, ks, vs = q[oq : oq + sq][None], k[ok : ok + sk][None], v[ok : ok + sk][None]
+def _refs(problems, **kw):
+    """(ref32, lse32, same) of each dense (q, k, v) problem, batch dim kept: the package's
+    reference in fp32 and in the input dtype (the FlashAttention rule's baseline)."""
+    out = []
+    for qs, ks, vs in problems:
         r, lse = attention_ref(qs, ks, vs, compute_dtype=torch.float32, **kw)
         s, _ = attention_ref(qs, ks, vs, compute_dtype=None, **kw)
-        outs.append(r[0])
-        lses.append(lse[0])
-        sames.append(s[0])
-        oq, ok = oq + sq, ok + sk
-    return torch.cat(outs), torch.cat(lses, dim=1), torch.cat(sames)
+        out.append((r, lse, s))
+    return out
+
+
+def _per_sequence_ref(q, k, v, lens_q, lens_k, **kw):
+    """(ref32, lse32, same) for packed q / k / v, each sequence its own dense problem."""
+    cq, ck = _cu(lens_q).tolist(), _cu(lens_k).tolist()
+    problems = [(q[cq[i] : cq[i + 1]][None], k[ck[i] : ck[i + 1]][None], v[ck[i] : ck[i + 1]][None])
+                for i in range(len(lens_q))]  # fmt: skip
+    refs = _refs(problems, **kw)
+    return (torch.cat([r[0] for r, _, _ in refs]), torch.cat([lse[0] for _, lse, _ in refs], 1),
+            torch.cat([s[0] for _, _, s in refs]))  # fmt: skip
 
 
 def _varlen(q, k, v, lens_q, lens_k, **kw):
@@ -198,15 +204,9 @@ def _cache_case(b, sq, h, hkv, d, s_cache, seed, dtype=torch.bfloat16, b_cache=N
 def _cache_ref(q, kc, vc, rows, lens, **kw):
     """Per batch row b: dense attention of q[b] over the first lens[b] rows of cache row
     rows[b]."""
-    refs, lses, sames = [], [], []
-    for b, (c, n) in enumerate(zip(rows, lens)):
-        args = (q[b : b + 1], kc[c : c + 1, :n], vc[c : c + 1, :n])
-        r, lse = attention_ref(*args, compute_dtype=torch.float32, **kw)
-        s, _ = attention_ref(*args, compute_dtype=None, **kw)
-        refs.append(r)
-        lses.append(lse)
-        sames.append(s)
-    return torch.cat(refs), torch.cat(lses), torch.cat(sames)
+    problems = [(q[b : b + 1], kc[c : c + 1, :n], vc[c : c + 1, :n])
+                for b, (c, n) in enumerate(zip(rows, lens))]  # fmt: skip
+    return tuple(torch.cat(part) for part in zip(*_refs(problems, **kw)))
 
 
 @pytest.mark.gpu
