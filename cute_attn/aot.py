@@ -10,6 +10,7 @@ yet, or that imported it with the same arch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shutil
@@ -47,6 +48,13 @@ FWD_INPUTS = (
     ("kvcache batch_idx split", {"seqused_k": True, "kv_batch_idx": True, "split_kv": True}),
     ("decode split", {"split_kv": True, "decode": True}),
     ("decode kvcache", {"seqused_k": True, "decode": True}),
+    # paged: "page_size" picks the key tile (tile_config.paged_tile_config): 64 cuts the decode
+    # tile to 64 keys with more stages, 16 the smallest TMA tile, 256 keeps the table's tile
+    ("decode paged64", {"seqused_k": True, "paged_kv": True, "decode": True, "page_size": 64}),
+    ("varlen paged16", {"cu_seqlens_q": True, "cu_seqlens_k": True, "paged_kv": True,
+                        "page_size": 16}),
+    ("kvcache paged256 split", {"seqused_k": True, "paged_kv": True, "split_kv": True,
+                                "page_size": 256}),
 )  # fmt: skip
 # split partials and packed sequences leave registers by predicated stores, not the TMA store
 DIRECT_STORE_INPUTS = ("split_kv", "cu_seqlens_q")
@@ -139,6 +147,8 @@ def compile_variants(
     def make_fwd_key(p, arch, inputs):
         inputs = dict(inputs)
         decode = inputs.pop("decode", False)
+        if "page_size" in inputs:
+            p = dataclasses.replace(p, paged=True, page_size=inputs.pop("page_size"))
         return fwd_key(p, arch, InputFeatures(**inputs), decode=decode)
 
     def make_bwd_key(p, arch, inputs):

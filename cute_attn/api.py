@@ -155,8 +155,10 @@ def flash_attn_varlen_func(
     cu_seqlens_k, or (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages).
     Returns out (total_q, H, Dv) and lse (H, total_q) float32. Each sequence is its own
     problem (bottom-right causal per sequence). Rows past seqused_q give out 0, lse -inf.
-    On SM90 the forward kernel serves cu_seqlens_q/k (+ seqused_k) without gradients; paged
-    k/v, seqused_q and gradients need fallback='reference' on CUDA.
+    On SM90 the forward kernel serves cu_seqlens_q/k (+ seqused_k) and paged k/v (page by page
+    by TMA when a key tile fits the page size, e.g. 16, 64, 128, 256; other page sizes are
+    gathered into a dense copy first) without gradients; seqused_q and gradients need
+    fallback='reference' on CUDA.
     """
     p = validate_varlen(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -172,9 +174,10 @@ def flash_attn_varlen_func(
 
         return run_fwd_varlen(
             q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
-            cu_seqlens_k=cu_seqlens_k.contiguous(),
+            cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
             seqused_k=None if seqused_k is None else seqused_k.contiguous(),
             max_seqlen_q=max_seqlen_q,
+            page_table=None if page_table is None else _rows_contiguous(page_table),
         )  # fmt: skip
     out, lse = reference.attention_ref_varlen(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
@@ -218,8 +221,9 @@ def flash_attn_with_kvcache(
     halves (False). Then q attends to the first cache_seqlens[b] + S_new keys of its row,
     causal bottom-right per row (default causal=True), window/softcap as in flash_attn_func.
     Returns out (B, Sq, H, Dv) in q's dtype and lse (B, H, Sq) float32.
-    On SM90 a dense cache runs the forward kernel (the append and rotary are torch ops before
-    it); a paged cache needs fallback='reference' on CUDA. CPU runs the reference.
+    On SM90 the forward kernel serves dense and paged caches (the append and rotary are torch
+    ops before it; page sizes that fit no TMA key tile, such as 1 or 8, are gathered into a
+    dense copy first, which last_dispatch() reports). CPU runs the reference.
     See cute_attn.inference for the exact semantics.
     """
     p = validate_kvcache(
@@ -245,4 +249,12 @@ def flash_attn_with_kvcache(
     return run_fwd_kvcache(
         q, k_cache, v_cache, p, seqused_k=seqused_k.to(torch.int32),
         kv_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
+        page_table=None if page_table is None else _rows_contiguous(page_table),
     )  # fmt: skip
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A (rows, cols) index tensor with unit column stride (any row stride), as kernels read
+    it; copies only when the columns are strided (clone, not contiguous(), which keeps a
+    size-1 dim's odd stride)."""
+    return t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)

@@ -135,6 +135,9 @@ class Row:
     # packed varlen row: one (Sq = Sk) length per sequence; batch / seqlen_* are then the
     # sequence count and the longest length
     seqlens: tuple = ()
+    # > 0: decode over a paged KV cache of this page size (pages in shuffled order), the same
+    # K / V values as the dense row
+    page_size: int = 0
 
     @property
     def flops(self) -> int:
@@ -185,6 +188,10 @@ def _decode_rows():
     for b, sk in ((1, 32768), (8, 8192), (64, 8192), (128, 2048)):
         rows.append(Row(f"decode b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, 128,
                         metric="tbps"))  # fmt: skip
+    # the inference issue's paged bar: page sizes 64..256 within 10% of the dense row
+    for ps in (64, 128, 256):
+        rows.append(Row(f"decode b64 sk8192 h32/8 d128 paged{ps}", 64, 1, 8192, 32, 8, 128, 128,
+                        metric="tbps", page_size=ps))  # fmt: skip
     return rows
 
 
@@ -483,7 +490,60 @@ def _build_varlen(impl: str, row: Row, q, k, v):
     raise ValueError(f"unknown impl {impl!r}")
 
 
+def _paged_cache(row: Row, k, v):
+    """k / v (B, Sk, Hkv, D) as (B * Sk / page_size, page_size, Hkv, D) pages in a random
+    physical order, and the (B, Sk / page_size) int32 page table that maps them back."""
+    import torch
+
+    b, sk = k.shape[:2]
+    per_row = sk // row.page_size
+    perm = torch.randperm(b * per_row, device=k.device)
+
+    def pages(t):
+        out = torch.empty((b * per_row, row.page_size, *t.shape[2:]), dtype=t.dtype,
+                          device=t.device)  # fmt: skip
+        out[perm] = t.detach().reshape(b * per_row, row.page_size, *t.shape[2:])
+        return out
+
+    return pages(k), pages(v), perm.view(b, per_row).to(torch.int32)
+
+
+def _build_paged(impl: str, row: Row, q, k, v):
+    """Decode over a paged cache (Sk a multiple of page_size, every row full): cute_attn's
+    KV-cache entry and FA4's varlen entry with page_table; SDPA has no paged input."""
+    import torch
+
+    if impl not in ("cute_attn", "fa4"):
+        raise Skip("no paged KV input")
+    kp, vp, table = _paged_cache(row, k, v)
+    lens = torch.full((row.batch,), row.seqlen_k, dtype=torch.int32, device=q.device)
+    if impl == "cute_attn":
+        import cute_attn
+
+        def fn():
+            return cute_attn.flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=lens, page_table=table, causal=row.causal
+            )[0]
+
+        return [("", fn, (k, v))], contextlib.nullcontext
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        raise Skip("flash_attn.cute varlen not importable") from e
+
+    def fn_fa4():
+        res = flash_attn_varlen_func(
+            q, kp, vp, seqused_k=lens, page_table=table, max_seqlen_q=row.seqlen_q,
+            max_seqlen_k=row.seqlen_k, causal=row.causal, return_lse=True,
+        )  # fmt: skip
+        return res[0] if isinstance(res, tuple) else res
+
+    return [("", fn_fa4, (k, v))], contextlib.nullcontext
+
+
 def _candidates(impl: str, row: Row, q, k, v):
+    if row.page_size:
+        return _build_paged(impl, row, q, k, v)
     if row.seqlens:
         return _build_varlen(impl, row, q, k, v)
     if impl == "cute_attn":
@@ -605,6 +665,7 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
             # the backward runs on autograd's thread: its decision is process-wide
             d = cute_attn.last_backward_dispatch() if bwd else cute_attn.last_dispatch()
             res["dispatch"] = getattr(d, "impl", None)
+            res["dispatch_reason"] = getattr(d, "reason", None)
             if res["dispatch"] == "reference":
                 reason = getattr(d, "reason", "")
                 return {**res, "status": "skip", "note": f"dispatched to reference: {reason}"}

@@ -96,6 +96,14 @@ def _sm90_unsupported_reason():
     return unsupported_reason
 
 
+def _sm90_route_note(p: AttnProblem) -> str:
+    if not p.paged:  # the only input with more than one kernel route so far
+        return ""
+    from .fwd_sm90 import route_note
+
+    return route_note(p)
+
+
 def _fallback_mode(fallback: str | None) -> str:
     mode = fallback if fallback is not None else os.environ.get("CUTE_ATTN_FALLBACK", "error")
     if mode not in ("error", "reference"):
@@ -127,7 +135,8 @@ def select(
     if arch == "sm_90a":
         reason = _sm90_unsupported_reason()(p, tensors)
         if reason is None:
-            return _record(Decision("sm90_fwd", arch, "SM90 forward kernel", entry))
+            note = _sm90_route_note(p)
+            return _record(Decision("sm90_fwd", arch, "SM90 forward kernel" + note, entry))
     else:
         reason = f"no cute_attn kernel for {arch} (kernels exist for sm_90a)"
     if _fallback_mode(fallback) == "reference":

@@ -6,9 +6,12 @@ that takes torch tensors directly and launches on torch's current stream (no hos
 the per-call host cost is validation + a dict lookup + the FFI call.
 
 Entry points: `run_fwd` (dense), `run_fwd_varlen` (packed by cu_seqlens), `run_fwd_kvcache`
-(dense KV cache with per-row lengths, after the host appended the new keys). All three can
-split the key range over CTAs (split-KV: fp32 partials, then the combine kernel); decode-shaped
-calls (one query row, GQA) pack the query heads of a KV head into the rows of one tile.
+(a KV cache with per-row lengths, after the host appended the new keys). All three can split
+the key range over CTAs (split-KV: fp32 partials, then the combine kernel); decode-shaped calls
+(one query row, GQA) pack the query heads of a KV head into the rows of one tile. Paged k / v
+(varlen and KV-cache entries) are read page by page by TMA when a key tile fits a page
+(`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16, 48, 64, 128, 256); other
+page sizes (1-15, 200, ...) are first gathered into a dense copy by torch (`paged_route`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .arch.sm90.tile_config import (
     FwdTileConfig,
     fwd_num_splits,
     fwd_tile_config,
+    paged_tile_n,
 )
 from .cache import KernelKey, compiled_cache
 from .problem import AttnProblem
@@ -84,15 +88,17 @@ _DENSE = InputFeatures()
 def fwd_key(
     p: AttnProblem, arch: str = ARCH, features: InputFeatures = _DENSE, decode: bool = False
 ) -> FwdKey:
-    """`decode`: p is the packed decode view (query heads of a KV head as rows)."""
-    return _fwd_key(arch, *static_features(p), features, decode)
+    """`decode`: p is the packed decode view (query heads of a KV head as rows). With
+    features.paged_kv the page size picks the key tile (tile_config.paged_tile_config)."""
+    page_size = p.page_size if features.paged_kv else 0
+    return _fwd_key(arch, *static_features(p), features, decode, page_size)
 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, feats,
-             decode):  # fmt: skip
+             decode, page_size):  # fmt: skip
     # memoized: the tuning-table lookup and key construction stay off the per-call path
-    cfg = fwd_tile_config(d, dv, causal, local, decode)
+    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size)
     tile = dataclasses.astuple(cfg)
     return FwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile,
@@ -148,8 +154,6 @@ def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -
         return f"dtype {p.dtype} (kernels take float16/bfloat16)"
     if (p.head_dim, p.head_dim_v) not in head_dims:
         return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {head_dims}"
-    if p.paged:
-        return "paged KV caches (page_table) are not served by the SM90 kernel yet"
     if p.has_seqused_q:
         return "seqused_q is not served by the SM90 kernel yet"
     if (p.varlen or p.kvcache) and torch.is_grad_enabled():
@@ -161,6 +165,28 @@ def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -
         if any(s % 8 for s in t.stride()[:-1]):
             return f"{name} strides {tuple(t.stride())} are not multiples of 8 elements (TMA)"
     return None
+
+
+def paged_route(p: AttnProblem) -> str | None:
+    """How the kernel reads a paged cache: "tma" (page by page) when a key tile of the tuning
+    table's variant fits the page size, else "gather" (torch copies the pages into a dense
+    cache first, a full extra read and write of it); None when p is not paged."""
+    if not p.paged:
+        return None
+    pack = p.kvcache and _pack_decode(p, p.seqlen_q)  # as run_fwd_kvcache decides it
+    kp = _kernel_problem(p, pack)
+    cfg = fwd_tile_config(p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack)
+    return "tma" if paged_tile_n(cfg.tile_n, p.page_size) is not None else "gather"
+
+
+def route_note(p: AttnProblem) -> str:
+    """What dispatch records beyond "SM90 forward kernel" (honest about what ran)."""
+    if paged_route(p) == "gather":
+        return (
+            f"; page size {p.page_size} fits no TMA key tile, so torch gathers the pages into "
+            f"a dense copy first"
+        )
+    return ""
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,11 +213,13 @@ def _sm_count(index: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _num_splits(num_splits, d, dv, causal, local, decode, batch, rows, heads, seqlen_k, num_sms):
+def _num_splits(
+    num_splits, d, dv, causal, local, decode, page_size, batch, rows, heads, seqlen_k, num_sms
+):  # fmt: skip
     """The user's num_splits, or (0) the tuning table's choice for this grid."""
     if num_splits > 0:
         return num_splits
-    cfg = fwd_tile_config(d, dv, causal, local, decode)
+    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size)
     ctas = batch * heads * -(-rows // cfg.tile_m)
     return fwd_num_splits(ctas, -(-seqlen_k // cfg.tile_n), num_sms)
 
@@ -215,16 +243,12 @@ def _plan(
     pack: bool, device_index: int | None,
 ) -> _Plan:  # fmt: skip
     group = p.qhead_per_kvhead if pack else 1
-    kp, rows, heads = p, max_seqlen_q, p.num_heads
-    if pack:
-        # one query row: it sees every key (no right bound); the G heads become G rows
-        kp = dataclasses.replace(
-            p, seqlen_q=group, num_heads=p.num_heads_kv, causal=False, window_right=-1
-        )
-        rows, heads = group, p.num_heads_kv
+    kp = _kernel_problem(p, pack)
+    rows, heads = (group, p.num_heads_kv) if pack else (max_seqlen_q, p.num_heads)
+    page_size = p.page_size if features.paged_kv else 0
     splits = _num_splits(
-        p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, batch, rows,
-        heads, seqlen_k, _num_sms(device_index),
+        p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, page_size, batch,
+        rows, heads, seqlen_k, _num_sms(device_index),
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
@@ -237,6 +261,16 @@ def _plan(
         scalars=(scale_log2, premul, max(kp.window_left, 0), max(kp.window_right, 0), rows, splits),
         splits=splits,
         group=group,
+    )
+
+
+def _kernel_problem(p: AttnProblem, pack: bool) -> AttnProblem:
+    """The problem the kernel sees: p, or with `pack` its packed decode view, where the one
+    query row sees every key (no right bound) and the G query heads of a KV head are G rows."""
+    if not pack:
+        return p
+    return dataclasses.replace(
+        p, seqlen_q=p.qhead_per_kvhead, num_heads=p.num_heads_kv, causal=False, window_right=-1
     )
 
 
@@ -256,7 +290,7 @@ def _pack_lse(t: torch.Tensor, group: int) -> torch.Tensor:
 def _run(
     q, k, v, p: AttnProblem, out, lse, *, features: InputFeatures, max_seqlen_q: int,
     batch: int, seqlen_k: int, pack: bool = False, cu_q=None, cu_k=None, seqused_k=None,
-    kv_batch_idx=None,
+    kv_batch_idx=None, page_table=None,
 ) -> None:  # fmt: skip
     """Launch into out (B, Sq, H, Dv) / lse (B, H, Sq) (B = 1 when packed by cu_seqlens_q):
     directly, or through fp32 split partials and the combine. `pack` (decode: Sq = 1, GQA,
@@ -276,7 +310,7 @@ def _run(
     on_device = q.device.index == torch.cuda.current_device()
     # the launches (and their stream: torch's current one) must be on q's device
     with contextlib.nullcontext() if on_device else torch.cuda.device(q.device):
-        plan.fn(qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_k, kv_batch_idx)
+        plan.fn(qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_k, kv_batch_idx, page_table)
         if splits > 1:
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
 
@@ -311,46 +345,77 @@ def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
+def _gather_pages(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """(num_pages, page_size, Hkv, D) pages -> (B, max_pages * page_size, Hkv, D), row b the
+    pages page_table[b] in order. Entries past a row's used pages may hold anything: they are
+    clamped into range (their rows lie past the row's length, which the kernel never reads)."""
+    b, n = page_table.shape
+    idx = page_table.clamp(0, cache.shape[0] - 1).reshape(-1).to(torch.int64)
+    return cache.index_select(0, idx).view(b, n * cache.shape[1], *cache.shape[2:])
+
+
 def run_fwd_varlen(
-    q, k, v, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed sequences: q (total_q, H, D), k / v (total_k, Hkv, D[v]), cu_seqlens int32.
-    Returns out (total_q, H, Dv) and lse (H, total_q)."""
+    q, k, v, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int,
+    page_table=None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Packed sequences: q (total_q, H, D), cu_seqlens int32, k / v (total_k, Hkv, D[v]), or
+    paged (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages) int32 (then
+    cu_seqlens_k, if given, only gives lengths). Returns out (total_q, H, Dv) and lse
+    (H, total_q)."""
     total_q, h, _ = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     out = torch.empty((1, total_q, h, p.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((1, h, total_q), dtype=torch.float32, device=q.device)
     if total_q == 0 or batch == 0 or max_seqlen_q == 0:
         return out[0], lse[0]
-    if k.shape[0] == 0:  # no key in any sequence (TMA cannot map 0-size dims)
-        _empty_rows(out, lse)
+    paged = page_table is not None
+    if k.shape[0] == 0 or (paged and page_table.shape[1] * k.shape[1] == 0):
+        _empty_rows(out, lse)  # no key in any sequence (TMA cannot map 0-size dims)
         return out[0], lse[0]
-    feats = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True, seqused_k=seqused_k is not None)
+    feats = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=cu_seqlens_k is not None,
+                          seqused_k=seqused_k is not None, paged_kv=paged)  # fmt: skip
+    if paged and paged_route(p) == "gather":
+        k, v = _gather_pages(k, page_table), _gather_pages(v, page_table)
+        if seqused_k is None:
+            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        feats, cu_seqlens_k, page_table = (
+            InputFeatures(cu_seqlens_q=True, seqused_k=True),
+            None,
+            None,
+        )
+    elif not paged:
+        k, v = k.unsqueeze(0), v.unsqueeze(0)
     _run(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), p, out, lse, features=feats,
-        max_seqlen_q=max_seqlen_q, batch=batch, seqlen_k=p.seqlen_k, cu_q=cu_seqlens_q,
-        cu_k=cu_seqlens_k, seqused_k=seqused_k,
+        q.unsqueeze(0), k, v, p, out, lse, features=feats, max_seqlen_q=max_seqlen_q,
+        batch=batch, seqlen_k=p.seqlen_k, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
+        seqused_k=seqused_k, page_table=page_table,
     )  # fmt: skip
     return out[0], lse[0]
 
 
 def run_fwd_kvcache(
-    q, k_cache, v_cache, p: AttnProblem, *, seqused_k, kv_batch_idx
+    q, k_cache, v_cache, p: AttnProblem, *, seqused_k, kv_batch_idx, page_table=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q (B, Sq, H, D) over the first seqused_k[b] rows (int32 (B,)) of cache row
-    kv_batch_idx[b] (or b) of a dense cache (B_cache, S_cache, Hkv, D[v])."""
+    """Attention of q (B, Sq, H, D) over the first seqused_k[b] (int32 (B,)) keys of batch row
+    b's cache: row kv_batch_idx[b] (or b) of a dense cache (B_cache, S_cache, Hkv, D[v]), or
+    the pages page_table[b] of a paged one (num_pages, page_size, Hkv, D[v])."""
     b, sq, h, _ = q.shape
     out = torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     if b == 0 or sq == 0:
         return out, lse
-    if k_cache.shape[0] * k_cache.shape[1] == 0:
+    capacity = k_cache.shape[1] if page_table is None else page_table.shape[1] * k_cache.shape[1]
+    if k_cache.shape[0] * capacity == 0:
         _empty_rows(out, lse)
         return out, lse
-    feats = InputFeatures(seqused_k=True, kv_batch_idx=kv_batch_idx is not None)
+    feats = InputFeatures(seqused_k=True, kv_batch_idx=kv_batch_idx is not None,
+                          paged_kv=page_table is not None)  # fmt: skip
+    if page_table is not None and paged_route(p) == "gather":
+        k_cache, v_cache = _gather_pages(k_cache, page_table), _gather_pages(v_cache, page_table)
+        feats, page_table = InputFeatures(seqused_k=True), None
     _run(
         q, k_cache, v_cache, p, out, lse, features=feats, max_seqlen_q=sq, batch=b,
-        seqlen_k=k_cache.shape[1], pack=_pack_decode(p, sq), seqused_k=seqused_k,
-        kv_batch_idx=kv_batch_idx,
+        seqlen_k=capacity, pack=_pack_decode(p, sq), seqused_k=seqused_k,
+        kv_batch_idx=kv_batch_idx, page_table=page_table,
     )  # fmt: skip
     return out, lse

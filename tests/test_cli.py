@@ -264,8 +264,9 @@ def test_presets():
     assert {r.head_dim for r in rows} == {64, 128, 256}
     assert {r.causal for r in rows} == {False, True}
     dec = bench.preset_rows("decode")
-    assert [(r.batch, r.seqlen_k) for r in dec] == [(1, 32768), (8, 8192), (64, 8192),
-                                                    (128, 2048)]  # fmt: skip
+    assert [(r.batch, r.seqlen_k, r.page_size) for r in dec] == [
+        (1, 32768, 0), (8, 8192, 0), (64, 8192, 0), (128, 2048, 0), (64, 8192, 64),
+        (64, 8192, 128), (64, 8192, 256)]  # fmt: skip
     assert all(r.seqlen_q == 1 and (r.heads, r.heads_kv) == (32, 8) and r.metric == "tbps"
                for r in dec)  # fmt: skip
     full = bench.preset_rows("full")

@@ -383,7 +383,7 @@ def test_kvcache_argument_errors(seed):
     assert torch.equal(kc, kc0)  # every error comes before the cache is written
 
 
-def test_kvcache_problems_claimed_by_sm90_only_dense(monkeypatch):
+def test_kvcache_problems_claimed_by_sm90_dense_and_paged(monkeypatch):
     # Validate on CPU with a head dim the SM90 kernel serves, then pretend the tensors are CUDA.
     q = torch.randn(2, 1, 4, 128, dtype=torch.bfloat16)
     kc = torch.randn(2, 16, 2, 128, dtype=torch.bfloat16)
@@ -400,10 +400,15 @@ def test_kvcache_problems_claimed_by_sm90_only_dense(monkeypatch):
     d = dispatch.select(p, tensors, entry="flash_attn_with_kvcache")
     assert (d.impl, d.entry) == ("sm90_fwd", "flash_attn_with_kvcache")
     paged = dataclasses.replace(p, paged=True, page_size=16)
-    with pytest.raises(NotImplementedError, match="paged"):
-        dispatch.select(paged, tensors, entry="flash_attn_with_kvcache")
+    d = dispatch.select(paged, tensors, entry="flash_attn_with_kvcache")
+    assert (d.impl, d.entry) == ("sm90_fwd", "flash_attn_with_kvcache")
+    # seqused_q is not served by the kernel: the reference only on request
+    unserved = dataclasses.replace(p, has_seqused_q=True)
+    with pytest.raises(NotImplementedError, match="seqused_q"):
+        dispatch.select(unserved, tensors, entry="flash_attn_with_kvcache")
     with pytest.warns(RuntimeWarning, match="slow reference"):
-        d = dispatch.select(paged, tensors, fallback="reference", entry="flash_attn_with_kvcache")
+        d = dispatch.select(unserved, tensors, fallback="reference",
+                            entry="flash_attn_with_kvcache")  # fmt: skip
     assert (d.impl, d.entry) == ("reference", "flash_attn_with_kvcache")
 
 

@@ -1,6 +1,7 @@
 """SM90 forward kernel on the inference paths (GPU, `gpu` marker): packed varlen sequences,
-split-KV, and flash_attn_with_kvcache over a dense cache (per-row lengths, cache_batch_idx,
-append, rotary, query heads packed per KV head at Sq = 1).
+split-KV, flash_attn_with_kvcache over a dense cache (per-row lengths, cache_batch_idx, append,
+rotary, query heads packed per KV head at Sq = 1) and paged KV (page sizes 1..256, pages in
+shuffled order, poisoned partial pages and spare pages) for both entries.
 
 Every expectation is the per-sequence dense reference (cute_attn.reference.attention_ref on
 that sequence's rows) with the FlashAttention tolerance rule (gpu_cases.assert_matches).
@@ -278,6 +279,107 @@ def test_kvcache_rotary_append():
     qr = apply_rotary(q, kw["rotary_cos"], kw["rotary_sin"], n.long()[:, None], False)
     ref, ref_lse, same = _cache_ref(qr, kc, vc, range(2), (n + 1).tolist(), causal=True)
     assert_matches(out, lse, ref, ref_lse, same)
+
+
+# ------------------------------------------------------------------ paged KV
+
+# 1 and 8 fit no TMA key tile (gathered by torch first), 48 cuts the tile to 48 keys, 16 the
+# smallest TMA tile, 64 cuts the decode tile, 128 is the tile, 256 holds two tiles per page
+PAGE_SIZES = [1, 8, 16, 48, 64, 128, 256]
+
+
+def _paged_cache(b, hkv, d, page_size, max_pages, lens, g, written=None, dtype=torch.bfloat16):
+    """A paged cache whose row b has ceil(lens[b] / page_size) pages at shuffled physical
+    positions, holding random keys in its first written[b] (default lens[b]) rows. Later rows
+    of those pages hold Inf (k) / NaN (v), spare pages NaN, and table entries past the used
+    pages -1: none may reach the output. Returns k_pages, v_pages, table (B, max_pages)."""
+    written = lens if written is None else written
+    used = [-(-n // page_size) for n in lens]
+    total = sum(used) + 3  # spare pages nobody uses
+    kp = torch.full((total, page_size, hkv, d), float("nan"), device="cuda", dtype=dtype)
+    vp = torch.full_like(kp, float("nan"))
+    perm = torch.randperm(total, device="cuda", generator=g)
+    table = torch.full((b, max_pages), -1, dtype=torch.int32, device="cuda")
+    nxt = 0
+    for i, (n, u) in enumerate(zip(written, used)):
+        idx = perm[nxt : nxt + u]
+        nxt += u
+        table[i, :u] = idx.to(torch.int32)
+        rk, rv = (torch.randn(u * page_size, hkv, d, device="cuda", dtype=dtype, generator=g)
+                  for _ in range(2))  # fmt: skip
+        rk[n:], rv[n:] = float("inf"), float("nan")
+        kp[idx], vp[idx] = rk.view(u, page_size, hkv, d), rv.view(u, page_size, hkv, d)
+    return kp, vp, table
+
+
+def _dense_rows(pages, table, lens):
+    """Row b's first lens[b] keys of a paged cache, as a list of (1, n, Hkv, D) tensors."""
+    ps = pages.shape[1]
+    return [pages[table[i, : -(-n // ps)].long()].flatten(0, 1)[None, :n]
+            for i, n in enumerate(lens)]  # fmt: skip
+
+
+def _check_route(page_size):
+    d = cute_attn.last_dispatch()
+    assert d.impl == "sm90_fwd", d
+    # honest about what ran: only page sizes without a TMA key tile are gathered first
+    assert ("gathers the pages" in d.reason) == (page_size in (1, 8)), d.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("new", [0, 1])
+@pytest.mark.parametrize("sq", [1, 4])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_kvcache_paged(page_size, sq, new):
+    b, h, hkv, d = 4, 8, 2, 128
+    g = _gen(100 + page_size)
+    max_pages = -(-1000 // page_size)
+    cap = max_pages * page_size
+    lens_old = [0, 1, 517, cap - sq * new]
+    lens = [n + sq * new for n in lens_old]
+    # the rows the append writes start poisoned like any unwritten row
+    kp, vp, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g, written=lens_old)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    kn = vn = None
+    if new:
+        kn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+        vn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+    n = torch.tensor(lens_old, dtype=torch.int32, device="cuda")
+    splits = 0 if new else 3
+    out, lse = flash_attn_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=n, page_table=table,
+                                       num_splits=splits)  # fmt: skip
+    _check_route(page_size)
+    ks, vs = _dense_rows(kp, table, lens), _dense_rows(vp, table, lens)
+    if new:  # the append landed at positions lens_old[b] .. + sq of row b's pages
+        for i, n_old in enumerate(lens_old):
+            assert torch.equal(ks[i][0, n_old:], kn[i]) and torch.equal(vs[i][0, n_old:], vn[i])
+    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize("lengths", ["seqused_k", "cu_seqlens_k"])
+def test_varlen_paged(page_size, lengths):
+    h, hkv, d = 6, 2, 128
+    g = _gen(200 + page_size)
+    max_pages = -(-max(LENS_K) // page_size) + 1
+    kp, vp, table = _paged_cache(len(LENS_K), hkv, d, page_size, max_pages, LENS_K, g)
+    q = _packed(LENS_Q, h, d, torch.bfloat16, g)
+    kw = {"seqused_k": torch.tensor(LENS_K, dtype=torch.int32, device="cuda")}
+    if lengths == "cu_seqlens_k":
+        kw = {"cu_seqlens_k": _cu(LENS_K)}
+    for mode_kw in ({"causal": True}, {"window_size": (50, 7), "softcap": 10.0}):
+        out, lse = flash_attn_varlen_func(
+            q, kp, vp, cu_seqlens_q=_cu(LENS_Q), max_seqlen_q=max(LENS_Q),
+            max_seqlen_k=max(LENS_K), page_table=table, **kw, **mode_kw,
+        )  # fmt: skip
+        _check_route(page_size)
+        k = torch.cat([x[0] for x in _dense_rows(kp, table, LENS_K)])
+        v = torch.cat([x[0] for x in _dense_rows(vp, table, LENS_K)])
+        ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
+        assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 # ---------------------------------------------------------------- CPU: compile for sm_90a

@@ -1,5 +1,6 @@
-"""Per-batch sequence geometry of one CTA: where its query and key rows start and how many there
-are, for dense, packed (varlen), KV-cache (seqused_k, cache_batch_idx) and split-KV inputs.
+"""Per-batch sequence geometry of one CTA: where its query and key rows start and how many
+there are, for dense, packed (varlen), KV-cache (seqused_k, cache_batch_idx), paged and split-KV
+inputs.
 
 Which inputs exist is static (`InputFeatures`, part of the compile key); their values are
 runtime tensors read once at the start of the CTA. Packed tensors reach the kernel with a unit
@@ -31,6 +32,10 @@ class InputFeatures:
     seqused_k: bool = False  # keys used per batch row (KV cache lengths)
     kv_batch_idx: bool = False  # batch row b reads cache row kv_batch_idx[b]
     split_kv: bool = False  # CTAs split the key range; fp32 partial out / lse per split
+    # k / v are (num_pages, page_size, heads, dim); key tile n of batch row b is read from page
+    # page_table[b, n // (page_size / tile_n)]. Lengths come from seqused_k or the spans of
+    # cu_seqlens_k (which then offsets nothing: the pages say where keys live)
+    paged_kv: bool = False
 
     @property
     def direct_store(self) -> bool:
@@ -44,7 +49,7 @@ class InputFeatures:
         the next packed sequence's values, NaN): they are zeroed in smem, because P = 0 there
         still gives 0 * NaN = NaN. Dense inputs need no cleaning: past the tensor's end the
         TMA fills zeros."""
-        return self.seqused_k or self.cu_seqlens_k
+        return self.seqused_k or self.cu_seqlens_k or self.paged_kv
 
 
 class SeqInfo(DslStruct):
@@ -56,7 +61,8 @@ class SeqInfo(DslStruct):
         self.offset_k = offset_k
         self.seqlen_k = seqlen_k
         self.q_batch = q_batch  # batch coordinate of q / out (0 when packed)
-        self.kv_batch = kv_batch  # batch coordinate of k / v (0 when packed)
+        # batch coordinate of k / v (0 when packed); paged: the row of the page table
+        self.kv_batch = kv_batch
         self.features = features
 
     @staticmethod
@@ -80,9 +86,10 @@ class SeqInfo(DslStruct):
         if cutlass.const_expr(features.kv_batch_idx):
             kv_batch = mKvBatchIdx[batch]
         if cutlass.const_expr(features.cu_seqlens_k):
-            offset_k = mCuSeqlensK[batch]
-            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
-            kv_batch = Int32(0)
+            seqlen_k = mCuSeqlensK[batch + 1] - mCuSeqlensK[batch]
+            if cutlass.const_expr(not features.paged_kv):
+                offset_k = mCuSeqlensK[batch]
+                kv_batch = Int32(0)
         if cutlass.const_expr(features.seqused_k):
             seqlen_k = mSeqUsedK[batch]
         return SeqInfo(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features)
@@ -94,6 +101,6 @@ class SeqInfo(DslStruct):
         return t
 
     def rows_k(self, t: cute.Tensor) -> cute.Tensor:
-        if cutlass.const_expr(self.features.cu_seqlens_k):
+        if cutlass.const_expr(self.features.cu_seqlens_k and not self.features.paged_kv):
             return cute.domain_offset((self.offset_k, 0), t)
         return t

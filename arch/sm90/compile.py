@@ -2,8 +2,9 @@
 
 `compile_fwd(spec)` returns a TVM-FFI compiled function taking torch tensors directly
 (q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right, max_seqlen_q,
-num_splits, cu_seqlens_q, cu_seqlens_k, seqused_k, kv_batch_idx) on torch's current stream;
-the four optional int32 tensors are None unless spec.features says the variant takes them.
+num_splits, cu_seqlens_q, cu_seqlens_k, seqused_k, kv_batch_idx, page_table) on torch's current
+stream; the five optional int32 tensors are None unless spec.features says the variant takes
+them (k / v are (num_pages, page_size, heads, dim) with page_table).
 Batch and sequence lengths and all strides but the last are symbolic, so one compiled object
 serves every length; head counts and head dims are static (they are in the compile key).
 Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
@@ -101,11 +102,18 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
         _fake_int32_vector() if present else None
         for present in (feats.cu_seqlens_q, feats.cu_seqlens_k, feats.seqused_k, feats.kv_batch_idx)
     ]
+    page_table = None
+    if feats.paged_kv:  # (batch, max_pages), rows possibly padded (any row stride)
+        page_table = cute.runtime.make_fake_tensor(
+            cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
+            assumed_align=4,
+        )  # fmt: skip
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(
         kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0),
-        cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, stream, options=opts,
+        cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, page_table, stream,
+        options=opts,
     )  # fmt: skip
 
 

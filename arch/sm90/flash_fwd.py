@@ -116,6 +116,11 @@ class FlashFwdSm90:
         smem = cfg.smem_bytes(self.head_dim, self.head_dim_v)
         if smem > SMEM_BYTES_SM90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
+        feats = self.features
+        if feats.paged_kv and not (feats.seqused_k or feats.cu_seqlens_k):
+            raise ValueError("paged_kv needs key lengths: seqused_k or cu_seqlens_k")
+        if feats.paged_kv and feats.kv_batch_idx:
+            raise ValueError("paged_kv maps batch rows to pages itself: no kv_batch_idx")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         # ping-pong pairs exactly two consumer warpgroups (the tuning table decides when)
@@ -140,6 +145,7 @@ class FlashFwdSm90:
         mCuSeqlensK: cute.Tensor | None,  # (batch + 1,) int32, with features.cu_seqlens_k
         mSeqUsedK: cute.Tensor | None,  # (batch,) int32, with features.seqused_k
         mKvBatchIdx: cute.Tensor | None,  # (batch,) int32, with features.kv_batch_idx
+        mPageTable: cute.Tensor | None,  # (batch, max_pages) int32, with features.paged_kv
         stream: cuda.CUstream,
     ):
         feats = self.features
@@ -239,6 +245,7 @@ class FlashFwdSm90:
             mCuSeqlensK,
             mSeqUsedK,
             mKvBatchIdx,
+            mPageTable,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -275,6 +282,7 @@ class FlashFwdSm90:
         mCuSeqlensK: cute.Tensor | None,
         mSeqUsedK: cute.Tensor | None,
         mKvBatchIdx: cute.Tensor | None,
+        mPageTable: cute.Tensor | None,
     ):
         roles = self.roles
         feats = self.features
@@ -344,7 +352,7 @@ class FlashFwdSm90:
                 if warp_idx == roles.load_warp:
                     self.load(
                         tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                        pipe_q, pipe_k, pipe_v, seq, m_block, head, n_min, n_max,
+                        pipe_q, pipe_k, pipe_v, seq, m_block, head, n_min, n_max, mPageTable,
                     )  # fmt: skip
             else:
                 cute.arch.setmaxregister_increase(roles.mma_regs)
@@ -375,6 +383,7 @@ class FlashFwdSm90:
         head: Int32,
         n_min: Int32,
         n_max: Int32,
+        mPageTable: cute.Tensor | None,
     ):
         head_kv = head // self.qhead_per_kvhead
         gQ = cute.local_tile(
@@ -382,19 +391,10 @@ class FlashFwdSm90:
             (self.tile_m, self.head_dim),
             (m_block, 0),
         )
-        gK = cute.local_tile(
-            seq.rows_k(mK[None, None, head_kv, seq.kv_batch]),
-            (self.tile_n, self.head_dim),
-            (None, 0),
-        )
-        gV = cute.local_tile(
-            seq.rows_k(mV[None, None, head_kv, seq.kv_batch]),
-            (self.tile_n, self.head_dim_v),
-            (None, 0),
-        )
+        paged = self.features.paged_kv
         tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
-        tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
-        tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
+        tKsK, tKgK = tma_tiles(tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, seq.kv_batch))
+        tVsV, tVgV = tma_tiles(tma_atom_V, sV, self._key_tiles(mV, seq, head_kv, seq.kv_batch))
         if n_max > n_min:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_state)
@@ -402,29 +402,61 @@ class FlashFwdSm90:
             kv_state = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Producer, self.num_stages
             )
+            # paged: k / v are (page_size, dim, heads, pages) here and the tuning table made
+            # tile_n divide page_size, so key tile n is tile n % tiles_per_page of page
+            # page_table[row, n / tiles_per_page], one TMA box. The next tile's entry is read
+            # before this tile's copies wait on a free stage, hiding its latency there.
+            tiles_per_page, page = Int32(1), Int32(0)
+            if cutlass.const_expr(paged):
+                tiles_per_page = mK.shape[0] // self.tile_n
+                page = mPageTable[seq.kv_batch, (n_max - 1) // tiles_per_page]
             # key tiles walk right to left: the boundary tile (the one that needs a mask)
             # comes first, so the consumers' first-iteration special case handles it
             for i in cutlass.range(n_max - n_min, unroll=1):
                 n_block = n_max - 1 - i
+                k_src, v_src = None, None
+                page_next = page
+                if cutlass.const_expr(paged):
+                    # fresh names: the smem side is unchanged and nothing here is loop-carried
+                    _, tKgK_page = tma_tiles(
+                        tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, page)
+                    )
+                    _, tVgV_page = tma_tiles(
+                        tma_atom_V, sV, self._key_tiles(mV, seq, head_kv, page)
+                    )
+                    inner = n_block % tiles_per_page
+                    k_src, v_src = tKgK_page[None, inner], tVgV_page[None, inner]
+                    # clamped to the first tile: read, never used, past the last iteration
+                    next_tile = cutlass.max(n_block - 1, 0)
+                    page_next = mPageTable[seq.kv_batch, next_tile // tiles_per_page]
+                else:
+                    k_src, v_src = tKgK[None, n_block], tVgV[None, n_block]
                 pipe_k.producer_acquire(kv_state)
                 cute.copy(
                     tma_atom_K,
-                    tKgK[None, n_block],
+                    k_src,
                     tKsK[None, kv_state.index],
                     tma_bar_ptr=pipe_k.producer_get_barrier(kv_state),
                 )
                 pipe_v.producer_acquire(kv_state)
                 cute.copy(
                     tma_atom_V,
-                    tVgV[None, n_block],
+                    v_src,
                     tVsV[None, kv_state.index],
                     tma_bar_ptr=pipe_v.producer_get_barrier(kv_state),
                 )
                 kv_state.advance()
+                page = page_next
             # wait for the last releases before exiting; producer_tail advances the state it
             # is given, so each pipeline gets its own copy
             pipe_k.producer_tail(kv_state.clone())
             pipe_v.producer_tail(kv_state)
+
+    def _key_tiles(self, mX: cute.Tensor, seq: SeqInfo, head_kv: Int32, kv_batch: Int32):
+        """(tile_n, dim, n) key tiles of one head of k or v at a batch index (paged: a page)."""
+        return cute.local_tile(
+            seq.rows_k(mX[None, None, head_kv, kv_batch]), (self.tile_n, mX.shape[1]), (None, 0)
+        )
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit

@@ -53,14 +53,33 @@ SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (
 
 
 def fwd_tile_config(
-    head_dim: int, head_dim_v: int, causal: bool, local: bool, decode: bool = False
+    head_dim: int,
+    head_dim_v: int,
+    causal: bool,
+    local: bool,
+    decode: bool = False,
+    page_size: int = 0,
 ) -> FwdTileConfig:
     """The tuning table. Inputs are static problem features only (never lengths); `decode` is
-    the packed decode layout (one query row, the query heads of a KV head as the tile's rows).
+    the packed decode layout (one query row, the query heads of a KV head as the tile's rows);
+    `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so the
+    key tile must lie inside one page (`paged_tile_config`).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
+    cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode)
+    if page_size > 0:
+        paged = paged_tile_config(cfg, head_dim, head_dim_v, page_size)
+        if paged is None:
+            raise ValueError(f"no TMA key tile fits page size {page_size} (see paged_tile_n)")
+        return paged
+    return cfg
+
+
+def _dense_tile_config(
+    head_dim: int, head_dim_v: int, causal: bool, local: bool, decode: bool
+) -> FwdTileConfig:
     if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
     if decode and head_dim <= 128:
@@ -91,6 +110,38 @@ def fwd_tile_config(
     # Overlap off: 672 vs 617 TFLOP/s at 16k, 649 vs 602 causal (O is 128 registers/thread,
     # two live S tiles do not pay); ping-pong neutral (616 vs 617): off.
     return FwdTileConfig(tile_n=80, pingpong=False, intra_wg_overlap=False)
+
+
+def paged_tile_n(tile_n: int, page_size: int) -> int | None:
+    """The key tile for a paged cache: the largest multiple of 16 (the P V wgmma's K step) not
+    above the table's tile_n that divides page_size, so every key tile lies inside one page
+    and is one TMA box. None (page sizes 1-15, or with no multiple-of-16 divisor such as
+    8 or 200): the host gathers those pages into a dense copy instead."""
+    for n in range(tile_n - tile_n % 16, 15, -16):
+        if page_size % n == 0:
+            return n
+    return None
+
+
+def paged_tile_config(
+    cfg: FwdTileConfig, head_dim: int, head_dim_v: int, page_size: int
+) -> FwdTileConfig | None:
+    """`cfg` with its key tile cut to fit a page. A smaller tile gets more stages, keeping the
+    bytes in flight of the dense config (the decode loop is memory-bound), within smem and at
+    most 8 stages. Not tuned separately: the bench's paged decode rows (docs/perf/README.md)
+    measure page sizes 64-256 against the dense cache."""
+    tile_n = paged_tile_n(cfg.tile_n, page_size)
+    if tile_n is None:
+        return None
+    if tile_n == cfg.tile_n:
+        return cfg
+    stages = min(8, cfg.num_stages * cfg.tile_n // tile_n)
+    while stages > cfg.num_stages:
+        smaller = dataclasses.replace(cfg, tile_n=tile_n, num_stages=stages)
+        if smaller.smem_bytes(head_dim, head_dim_v) <= SMEM_BYTES_SM90:
+            break
+        stages -= 1
+    return dataclasses.replace(cfg, tile_n=tile_n, num_stages=stages)
 
 
 def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
