@@ -136,7 +136,7 @@ def flash_attn_varlen_func(
     v: torch.Tensor,
     *,
     cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int,
     max_seqlen_k: int,
     seqused_q: torch.Tensor | None = None,
