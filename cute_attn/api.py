@@ -155,9 +155,9 @@ def flash_attn_varlen_func(
     cu_seqlens_k, or (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages).
     Returns out (total_q, H, Dv) and lse (H, total_q) float32. Each sequence is its own
     problem (bottom-right causal per sequence). Rows past seqused_q give out 0, lse -inf.
-    On SM90 the forward kernel serves cu_seqlens_q/k (+ seqused_k) and paged k/v (page by page
+    On SM90 the forward kernel serves cu_seqlens_q/k, seqused_q/k and paged k/v (page by page
     by TMA when a key tile fits the page size, e.g. 16, 64, 128, 256; other page sizes are
-    gathered into a dense copy first) without gradients; seqused_q and gradients need
+    gathered into a dense copy first); gradients through varlen calls need
     fallback='reference' on CUDA.
     """
     p = validate_varlen(
@@ -178,6 +178,7 @@ def flash_attn_varlen_func(
             seqused_k=None if seqused_k is None else seqused_k.contiguous(),
             max_seqlen_q=max_seqlen_q,
             page_table=None if page_table is None else _rows_contiguous(page_table),
+            seqused_q=None if seqused_q is None else seqused_q.contiguous(),
         )  # fmt: skip
     out, lse = reference.attention_ref_varlen(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,

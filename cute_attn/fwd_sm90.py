@@ -154,8 +154,6 @@ def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -
         return f"dtype {p.dtype} (kernels take float16/bfloat16)"
     if (p.head_dim, p.head_dim_v) not in head_dims:
         return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {head_dims}"
-    if p.has_seqused_q:
-        return "seqused_q is not served by the SM90 kernel yet"
     if (p.varlen or p.kvcache) and torch.is_grad_enabled():
         if any(t.requires_grad for _, t in tensors):
             return "gradients through varlen / KV-cache calls (no SM90 varlen backward yet)"
@@ -289,13 +287,15 @@ def _pack_lse(t: torch.Tensor, group: int) -> torch.Tensor:
 
 def _run(
     q, k, v, p: AttnProblem, out, lse, *, features: InputFeatures, max_seqlen_q: int,
-    batch: int, seqlen_k: int, pack: bool = False, cu_q=None, cu_k=None, seqused_k=None,
-    kv_batch_idx=None, page_table=None,
+    batch: int, seqlen_k: int, pack: bool = False, cu_q=None, cu_k=None, seqused_q=None,
+    seqused_k=None, kv_batch_idx=None, page_table=None,
 ) -> None:  # fmt: skip
     """Launch into out (B, Sq, H, Dv) / lse (B, H, Sq) (B = 1 when packed by cu_seqlens_q):
     directly, or through fp32 split partials and the combine. `pack` (decode: Sq = 1, GQA,
     no left window) views the query heads of each KV head as the rows of one tile, so each
-    K/V tile is read once for all of them."""
+    K/V tile is read once for all of them. With seqused_q the rows past each sequence's used
+    rows are never computed: they get out 0 / lse -inf from a fill here (of out / lse, or of
+    the split partials, which the combine then turns into 0 / -inf)."""
     plan = _plan(p, features, batch, max_seqlen_q, seqlen_k, pack, q.device.index)
     splits, group = plan.splits, plan.group
     o_k, l_k = out, lse
@@ -304,13 +304,18 @@ def _run(
                           device=q.device)  # fmt: skip
         l_k = torch.empty((splits * lse.shape[0], *lse.shape[1:]), dtype=torch.float32,
                           device=q.device)  # fmt: skip
+    if seqused_q is not None:
+        _empty_rows(o_k, l_k)
     qk, ok, lk = q, o_k, l_k
     if group > 1:
         qk, ok, lk = _pack_rows(q, group), _pack_rows(o_k, group), _pack_lse(l_k, group)
     on_device = q.device.index == torch.cuda.current_device()
     # the launches (and their stream: torch's current one) must be on q's device
     with contextlib.nullcontext() if on_device else torch.cuda.device(q.device):
-        plan.fn(qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_k, kv_batch_idx, page_table)
+        plan.fn(
+            qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_q, seqused_k, kv_batch_idx,
+            page_table,
+        )  # fmt: skip
         if splits > 1:
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
 
@@ -356,12 +361,13 @@ def _gather_pages(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor
 
 def run_fwd_varlen(
     q, k, v, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int,
-    page_table=None,
+    page_table=None, seqused_q=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Packed sequences: q (total_q, H, D), cu_seqlens int32, k / v (total_k, Hkv, D[v]), or
     paged (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages) int32 (then
-    cu_seqlens_k, if given, only gives lengths). Returns out (total_q, H, Dv) and lse
-    (H, total_q)."""
+    cu_seqlens_k, if given, only gives lengths). seqused_q (B,) int32: sequence b uses its
+    first seqused_q[b] rows (its Sq); the rest get out 0 / lse -inf. Returns out
+    (total_q, H, Dv) and lse (H, total_q)."""
     total_q, h, _ = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     out = torch.empty((1, total_q, h, p.head_dim_v), dtype=q.dtype, device=q.device)
@@ -372,23 +378,23 @@ def run_fwd_varlen(
     if k.shape[0] == 0 or (paged and page_table.shape[1] * k.shape[1] == 0):
         _empty_rows(out, lse)  # no key in any sequence (TMA cannot map 0-size dims)
         return out[0], lse[0]
-    feats = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=cu_seqlens_k is not None,
-                          seqused_k=seqused_k is not None, paged_kv=paged)  # fmt: skip
+    used_q = seqused_q is not None
+    feats = InputFeatures(
+        cu_seqlens_q=True, cu_seqlens_k=cu_seqlens_k is not None, seqused_q=used_q,
+        seqused_k=seqused_k is not None, paged_kv=paged,
+    )  # fmt: skip
     if paged and paged_route(p) == "gather":
         k, v = _gather_pages(k, page_table), _gather_pages(v, page_table)
         if seqused_k is None:
             seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-        feats, cu_seqlens_k, page_table = (
-            InputFeatures(cu_seqlens_q=True, seqused_k=True),
-            None,
-            None,
-        )
+        feats = InputFeatures(cu_seqlens_q=True, seqused_q=used_q, seqused_k=True)
+        cu_seqlens_k, page_table = None, None
     elif not paged:
         k, v = k.unsqueeze(0), v.unsqueeze(0)
     _run(
         q.unsqueeze(0), k, v, p, out, lse, features=feats, max_seqlen_q=max_seqlen_q,
         batch=batch, seqlen_k=p.seqlen_k, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
-        seqused_k=seqused_k, page_table=page_table,
+        seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
     )  # fmt: skip
     return out[0], lse[0]
 

@@ -402,9 +402,9 @@ def test_kvcache_problems_claimed_by_sm90_dense_and_paged(monkeypatch):
     paged = dataclasses.replace(p, paged=True, page_size=16)
     d = dispatch.select(paged, tensors, entry="flash_attn_with_kvcache")
     assert (d.impl, d.entry) == ("sm90_fwd", "flash_attn_with_kvcache")
-    # seqused_q is not served by the kernel: the reference only on request
-    unserved = dataclasses.replace(p, has_seqused_q=True)
-    with pytest.raises(NotImplementedError, match="seqused_q"):
+    # a head dim the kernel does not serve: the reference only on request
+    unserved = dataclasses.replace(p, head_dim=80, head_dim_v=80)
+    with pytest.raises(NotImplementedError, match="head dims"):
         dispatch.select(unserved, tensors, entry="flash_attn_with_kvcache")
     with pytest.warns(RuntimeWarning, match="slow reference"):
         d = dispatch.select(unserved, tensors, fallback="reference",

@@ -15,7 +15,12 @@ import pytest
 import torch
 
 import cute_attn
-from cute_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from cute_attn import (
+    flash_attn_func,
+    flash_attn_varlen_func,
+    flash_attn_with_kvcache,
+    reference,
+)
 from cute_attn.inference import apply_rotary
 from cute_attn.reference import attention_ref
 
@@ -168,6 +173,35 @@ def test_varlen_seqused_k_ignores_poisoned_tail():
         vv = torch.cat([v[ck[i] : ck[i] + u] for i, u in enumerate(used)])
         ref, ref_lse, same = _per_sequence_ref(q, kk, vv, lens_q, used, causal=True)
         assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("with_seqused_k", [False, True])
+def test_varlen_seqused_q(num_splits, with_seqused_k):
+    # sequence b uses its first seqused_q[b] rows (its Sq for the bottom-right corner); the rest
+    # of its span gets out 0 / lse -inf, whatever out's memory held before
+    lens_q, lens_k = [5, 300, 1, 130, 0], [40, 300, 129, 7, 3]
+    used_q, used_k = [2, 257, 0, 130, 0], [40, 211, 129, 1, 3]
+    g = _gen(6)
+    q = _packed(lens_q, 4, 128, torch.bfloat16, g)
+    k, v = _packed(lens_k, 2, 128, torch.bfloat16, g), _packed(lens_k, 2, 128, torch.bfloat16, g)
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
+    kw = dict(cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), seqused_q=as_t(used_q),
+              seqused_k=as_t(used_k) if with_seqused_k else None, causal=True)  # fmt: skip
+    junk = torch.full((sum(lens_q), 4, 128), float("nan"), device="cuda", dtype=q.dtype)
+    del junk  # its block is free for out: unwritten rows would show as NaN
+    out, lse = flash_attn_varlen_func(q, k, v, max_seqlen_q=300, max_seqlen_k=300,
+                                      num_splits=num_splits, **kw)  # fmt: skip
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    ref, ref_lse = reference.attention_ref_varlen(q, k, v, compute_dtype=torch.float32, **kw)
+    same, _ = reference.attention_ref_varlen(q, k, v, compute_dtype=None, **kw)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+    cq = _cu(lens_q).tolist()
+    for b, u in enumerate(used_q):  # unused rows: exactly 0 / -inf
+        rows = slice(cq[b] + u, cq[b + 1])
+        assert torch.equal(out[rows], torch.zeros_like(out[rows]))
+        assert bool((lse[:, rows] == float("-inf")).all())
 
 
 # ------------------------------------------------------------------ dense split-KV

@@ -29,6 +29,9 @@ class InputFeatures:
 
     cu_seqlens_q: bool = False  # q / out / lse packed (total_q, ...)
     cu_seqlens_k: bool = False  # k / v packed (total_k, ...)
+    # query rows used per sequence (packed q): rows past it are not computed and not written
+    # (the host fills them with out 0 / lse -inf)
+    seqused_q: bool = False
     seqused_k: bool = False  # keys used per batch row (KV cache lengths)
     kv_batch_idx: bool = False  # batch row b reads cache row kv_batch_idx[b]
     split_kv: bool = False  # CTAs split the key range; fp32 partial out / lse per split
@@ -74,6 +77,7 @@ class SeqInfo(DslStruct):
         seqlen_k_static: Int32,
         mCuSeqlensQ,
         mCuSeqlensK,
+        mSeqUsedQ,
         mSeqUsedK,
         mKvBatchIdx,
     ):
@@ -82,6 +86,8 @@ class SeqInfo(DslStruct):
             offset_q = mCuSeqlensQ[batch]
             seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
             q_batch = Int32(0)
+        if cutlass.const_expr(features.seqused_q):
+            seqlen_q = mSeqUsedQ[batch]
         offset_k, seqlen_k, kv_batch = Int32(0), Int32(seqlen_k_static), batch
         if cutlass.const_expr(features.kv_batch_idx):
             kv_batch = mKvBatchIdx[batch]

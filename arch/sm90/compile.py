@@ -2,9 +2,9 @@
 
 `compile_fwd(spec)` returns a TVM-FFI compiled function taking torch tensors directly
 (q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right, max_seqlen_q,
-num_splits, cu_seqlens_q, cu_seqlens_k, seqused_k, kv_batch_idx, page_table) on torch's current
-stream; the five optional int32 tensors are None unless spec.features says the variant takes
-them (k / v are (num_pages, page_size, heads, dim) with page_table).
+num_splits, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, kv_batch_idx, page_table) on
+torch's current stream; the six optional int32 tensors are None unless spec.features says the
+variant takes them (k / v are (num_pages, page_size, heads, dim) with page_table).
 Batch and sequence lengths and all strides but the last are symbolic, so one compiled object
 serves every length; head counts and head dims are static (they are in the compile key).
 Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
@@ -100,8 +100,11 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
     lse = _fake_rows(bo, spec.num_heads, sq)
     optional = [
         _fake_int32_vector() if present else None
-        for present in (feats.cu_seqlens_q, feats.cu_seqlens_k, feats.seqused_k, feats.kv_batch_idx)
-    ]
+        for present in (
+            feats.cu_seqlens_q, feats.cu_seqlens_k, feats.seqused_q, feats.seqused_k,
+            feats.kv_batch_idx,
+        )
+    ]  # fmt: skip
     page_table = None
     if feats.paged_kv:  # (batch, max_pages), rows possibly padded (any row stride)
         page_table = cute.runtime.make_fake_tensor(

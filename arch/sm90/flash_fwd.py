@@ -16,10 +16,12 @@ One CTA computes one (tile_m query rows, head, batch) output tile:
     (a packed tile's last rows belong to the next sequence; split partials are fp32).
 
 Optional inputs (`InputFeatures`, arch/common/seqlen.py; presence is static): cu_seqlens_q/k
-(packed sequences, one CTA row range each), seqused_k and cache_batch_idx (KV cache), split-KV
-(grid z = batch x splits, each CTA an equal share of its key-tile range; the partials are
-merged by arch/common/split_combine.py). With cu_seqlens_k or seqused_k the V rows past a
-sequence inside its last key tile are zeroed in smem before P V.
+(packed sequences, one CTA row range each), seqused_q (rows used per packed sequence),
+seqused_k and cache_batch_idx (KV cache), page_table (paged k / v: one TMA box per key tile
+from the page that holds it), split-KV (grid z = batch x splits, each CTA an equal share of its
+key-tile range; the partials are merged by arch/common/split_combine.py). With cu_seqlens_k,
+seqused_k or pages the V rows past a sequence inside its last key tile are zeroed in smem
+before P V.
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
@@ -119,6 +121,9 @@ class FlashFwdSm90:
         feats = self.features
         if feats.paged_kv and not (feats.seqused_k or feats.cu_seqlens_k):
             raise ValueError("paged_kv needs key lengths: seqused_k or cu_seqlens_k")
+        if feats.seqused_q and not feats.direct_store:
+            # the TMA store clips at the tensor's end, not at a sequence's used rows
+            raise ValueError("seqused_q needs packed q (cu_seqlens_q): predicated stores")
         if feats.paged_kv and feats.kv_batch_idx:
             raise ValueError("paged_kv maps batch rows to pages itself: no kv_batch_idx")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
@@ -143,6 +148,7 @@ class FlashFwdSm90:
         num_splits: Int32,  # key-range splits per (query tile, head, batch); 1 without split_kv
         mCuSeqlensQ: cute.Tensor | None,  # (batch + 1,) int32, with features.cu_seqlens_q
         mCuSeqlensK: cute.Tensor | None,  # (batch + 1,) int32, with features.cu_seqlens_k
+        mSeqUsedQ: cute.Tensor | None,  # (batch,) int32, with features.seqused_q
         mSeqUsedK: cute.Tensor | None,  # (batch,) int32, with features.seqused_k
         mKvBatchIdx: cute.Tensor | None,  # (batch,) int32, with features.kv_batch_idx
         mPageTable: cute.Tensor | None,  # (batch, max_pages) int32, with features.paged_kv
@@ -243,6 +249,7 @@ class FlashFwdSm90:
             num_splits,
             mCuSeqlensQ,
             mCuSeqlensK,
+            mSeqUsedQ,
             mSeqUsedK,
             mKvBatchIdx,
             mPageTable,
@@ -280,6 +287,7 @@ class FlashFwdSm90:
         num_splits: Int32,
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
+        mSeqUsedQ: cute.Tensor | None,
         mSeqUsedK: cute.Tensor | None,
         mKvBatchIdx: cute.Tensor | None,
         mPageTable: cute.Tensor | None,
@@ -316,8 +324,8 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
         seq = SeqInfo.create(
-            feats, batch, mQ.shape[0], mK.shape[0], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
-            mKvBatchIdx,
+            feats, batch, mQ.shape[0], mK.shape[0], mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
+            mSeqUsedK, mKvBatchIdx,
         )  # fmt: skip
         mask = TileMask(
             self.tile_m,
