@@ -49,7 +49,12 @@ from ..common.mask import TileMask, apply_softcap
 from ..common.seqlen import InputFeatures, SeqInfo
 from ..common.softmax import OnlineSoftmax
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
-from .tile_config import SMEM_BYTES_SM90, SUPPORTED_HEAD_DIMS, FwdTileConfig
+from .tile_config import (
+    SMEM_BYTES_PER_SM_SM90,
+    SMEM_BYTES_SM90,
+    SUPPORTED_HEAD_DIMS,
+    FwdTileConfig,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +79,12 @@ class FwdRoles:
         return 128 * self.num_mma_warpgroups
 
 
-def _roles_for(num_mma_warpgroups: int) -> FwdRoles:
-    # 65536 registers / 384 threads: producer 24 + 2 x 240 consumer budgets sum to 504 <= 512
+def _roles_for(num_mma_warpgroups: int, ctas_per_sm: int = 1) -> FwdRoles:
+    # 65536 registers / 384 threads: producer 24 + 2 x 240 consumer budgets sum to 504 <= 512.
+    # Two CTAs of 256 threads per SM launch at 128 registers each: 56 + 200 = 2 x 128.
     budgets = {1: (56, 256), 2: (24, 240), 3: (32, 160)}[num_mma_warpgroups]
+    if ctas_per_sm == 2:
+        budgets = (56, 200)
     return FwdRoles(
         num_mma_warpgroups=num_mma_warpgroups, producer_regs=budgets[0], mma_regs=budgets[1]
     )
@@ -104,7 +112,7 @@ class FlashFwdSm90:
         self.has_softcap = has_softcap
         self.config = config
         self.features = features or InputFeatures()
-        self.roles = _roles_for(config.num_mma_warpgroups)
+        self.roles = _roles_for(config.num_mma_warpgroups, config.ctas_per_sm)
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -116,8 +124,8 @@ class FlashFwdSm90:
         if self.head_dim_v > self.head_dim:
             raise ValueError("sO aliases sQ, so head_dim_v must be <= head_dim")
         smem = cfg.smem_bytes(self.head_dim, self.head_dim_v)
-        if smem > SMEM_BYTES_SM90:
-            raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
+        if smem > SMEM_BYTES_SM90 or (smem + 1024) * cfg.ctas_per_sm > SMEM_BYTES_PER_SM_SM90:
+            raise ValueError(f"tile config needs {smem} B of smem x {cfg.ctas_per_sm} CTAs/SM")
         feats = self.features
         if feats.paged_kv and not (feats.seqused_k or feats.cu_seqlens_k):
             raise ValueError("paged_kv needs key lengths: seqused_k or cu_seqlens_k")
@@ -257,7 +265,10 @@ class FlashFwdSm90:
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
             stream=stream,
-            min_blocks_per_mp=1,
+            min_blocks_per_mp=self.config.ctas_per_sm,
+            # all of the SM's memory as smem (percent): two CTAs need it; set here, the DSL
+            # also skips the device query it would otherwise make at compile time
+            preferred_smem_carveout=100 if self.config.ctas_per_sm > 1 else None,
         )
 
     # ------------------------------------------------------------------ device entry

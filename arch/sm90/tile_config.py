@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 SMEM_BYTES_SM90 = 227 * 1024  # opt-in dynamic smem per CTA on H100/H200
+SMEM_BYTES_PER_SM_SM90 = 228 * 1024  # per SM, shared by resident CTAs (1 KiB reserved each)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,9 @@ class FwdTileConfig:
     lpt_order: bool = True
     # compute every k-th exponential with FMA-pipe instructions (0 = all on the SFU)
     exp2_emu_every: int = 0
+    # resident CTAs per SM (registers and smem split between them): 2 lets one CTA's prologue
+    # and epilogue overlap another's main loop when each CTA has few key tiles
+    ctas_per_sm: int = 1
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
@@ -39,6 +43,10 @@ class FwdTileConfig:
             raise ValueError("num_stages must be >= 1")
         if self.exp2_emu_every < 0:
             raise ValueError("exp2_emu_every must be >= 0")
+        if self.ctas_per_sm not in (1, 2) or (
+            self.ctas_per_sm == 2 and self.num_mma_warpgroups != 1
+        ):
+            raise ValueError("ctas_per_sm: 1, or 2 with one consumer warpgroup (register budget)")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
