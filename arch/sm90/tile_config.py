@@ -97,6 +97,9 @@ def _dense_tile_config(
         # 32/8 heads, D=128, CUDA-graph time, this vs the default tile (two sessions, not one
         # run; docs/perf/host_overhead_h200*.json): B=1 Sk=32k 41.1 vs 42.7 us, B=8 Sk=8k
         # 68.6 vs 69.8, B=64 Sk=8k 480 vs 521, B=128 Sk=2k 245 vs 278.
+        # ctas_per_sm=2 (64 or 96 keys, 2-3 stages; tune_decode_ctas_h200.json, round-robin in
+        # one process): B=128 Sk=2k 0.241 vs 0.249 ms (+3%), B=64 Sk=8k equal, B=8 Sk=8k
+        # 0.084-0.096 vs 0.078 ms (-8 to -23%, a one-wave split grid): not adopted.
         return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
     if head_dim <= 64:
         # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
