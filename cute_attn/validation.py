@@ -37,7 +37,8 @@ sync; a few microseconds). varlen and kvcache must look at index *values* (cu_se
 page_table, cache_seqlens, cache_batch_idx): those checks gather everything into one tensor and
 read it with one `.tolist()`, i.e. ONE host sync per call. They are skipped (only shapes, dtypes
 and devices are checked) where reading values is impossible: under torch.compile tracing, during
-CUDA graph capture, and for fake tensors.
+CUDA graph capture, and for fake tensors; and everywhere with CUTE_ATTN_CHECK_VALUES=0 (eager
+serving loops that vouch for their index tensors and cannot afford the sync).
 
 Run the tests: python -m pytest tests/test_validation.py -q
 """
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import torch
 
@@ -297,8 +299,16 @@ def _check_pack_gqa(pack_gqa) -> bool | None:
     return pack_gqa
 
 
+def value_checks_enabled() -> bool:
+    """False when CUTE_ATTN_CHECK_VALUES is 0 / false / off / no (read per call)."""
+    flag = os.environ.get("CUTE_ATTN_CHECK_VALUES", "1").strip().lower()
+    return flag not in ("0", "false", "off", "no")
+
+
 def _can_read_values(t: torch.Tensor) -> bool:
     """Whether index values may be read on the host (one sync) right now."""
+    if not value_checks_enabled():
+        return False
     if torch.compiler.is_compiling():
         return False
     if _is_fake(t):
@@ -656,7 +666,8 @@ def validate_varlen(
             if val is None:
                 raise ValueError(
                     f"{name}: required (a python int) under torch.compile / CUDA graph "
-                    f"capture, where the cu_seqlens values cannot be read; got None"
+                    f"capture or with CUTE_ATTN_CHECK_VALUES=0, where the cu_seqlens values "
+                    f"are not read; got None"
                 )
 
     return AttnProblem(

@@ -424,6 +424,37 @@ def test_varlen_value_checks_skipped_when_values_unreadable():
         varlen(q, k, v, max_seqlen_q=3, max_seqlen_k=5, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k.long())
 
 
+@pytest.mark.parametrize("flag", ["0", "off", "False"])
+def test_value_checks_can_be_turned_off(monkeypatch, flag):
+    # CUTE_ATTN_CHECK_VALUES=0: no index value is read (no tensor op, so no host sync on a
+    # device), malformed values pass unnoticed, shapes are still checked, max_seqlen_* required
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", flag)
+    bad = dict(cu_seqlens_q=i32([0, 9, 5]), cu_seqlens_k=i32([0, 4, 9]))
+    tensors, kw = packed(), vknobs(max_seqlen_q=9, max_seqlen_k=5, **bad)
+    with Count():
+        p = validate_varlen(*tensors, **kw)
+    assert Count.n == 0 and (p.seqlen_q, p.seqlen_k) == (9, 5)
+    with pytest.raises(ValueError, match="CUTE_ATTN_CHECK_VALUES"):
+        varlen(*packed(), **bad)
+    with pytest.raises(ValueError, match="num_heads"):  # shapes are still checked
+        varlen(*packed(H=3), max_seqlen_q=9, max_seqlen_k=5, **bad)
+    q, kc, vc, k, v = kv_tensors()
+    kw = kvknobs(cache_seqlens=i32([99, -3]))
+    with Count():
+        validate_kvcache(q, kc, vc, k, v, **kw)
+    assert Count.n == 0
+    monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", "1")
+    with pytest.raises(ValueError, match="first element|nondecreasing"):
+        varlen(*packed(), **bad)
+
+
 def paged_over(**over):
     # batch 2, page_size 4, 3 pages per sequence (capacity 12); sequence 0 uses 5 keys -> 2 pages,
     # sequence 1 uses 4 keys -> 1 page. Unused entries hold -1 and must not be rejected.
