@@ -41,7 +41,7 @@ BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0, True),)
 # position: the causal corner is no mask there)
 FWD_INPUTS = (
     ("split", {"split_kv": True}),
-    ("varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True}),
+    ("varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True, "batch_order": True}),
     ("varlen seqused split", {"cu_seqlens_q": True, "cu_seqlens_k": True, "seqused_q": True,
                               "seqused_k": True, "split_kv": True}),
     ("kvcache", {"seqused_k": True}),

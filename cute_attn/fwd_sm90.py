@@ -288,7 +288,7 @@ def _pack_lse(t: torch.Tensor, group: int) -> torch.Tensor:
 def _run(
     q, k, v, p: AttnProblem, out, lse, *, features: InputFeatures, max_seqlen_q: int,
     batch: int, seqlen_k: int, pack: bool = False, cu_q=None, cu_k=None, seqused_q=None,
-    seqused_k=None, kv_batch_idx=None, page_table=None,
+    seqused_k=None, kv_batch_idx=None, page_table=None, batch_order=None,
 ) -> None:  # fmt: skip
     """Launch into out (B, Sq, H, Dv) / lse (B, H, Sq) (B = 1 when packed by cu_seqlens_q):
     directly, or through fp32 split partials and the combine. `pack` (decode: Sq = 1, GQA,
@@ -314,7 +314,7 @@ def _run(
     with contextlib.nullcontext() if on_device else torch.cuda.device(q.device):
         plan.fn(
             qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_q, seqused_k, kv_batch_idx,
-            page_table,
+            page_table, batch_order,
         )  # fmt: skip
         if splits > 1:
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
@@ -361,13 +361,14 @@ def _gather_pages(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor
 
 def run_fwd_varlen(
     q, k, v, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int,
-    page_table=None, seqused_q=None,
+    page_table=None, seqused_q=None, order_batches: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Packed sequences: q (total_q, H, D), cu_seqlens int32, k / v (total_k, Hkv, D[v]), or
     paged (num_pages, page_size, Hkv, D[v]) with page_table (B, max_pages) int32 (then
     cu_seqlens_k, if given, only gives lengths). seqused_q (B,) int32: sequence b uses its
-    first seqused_q[b] rows (its Sq); the rest get out 0 / lse -inf. Returns out
-    (total_q, H, Dv) and lse (H, total_q)."""
+    first seqused_q[b] rows (its Sq); the rest get out 0 / lse -inf. order_batches: launch
+    the longest sequences' CTAs first (InputFeatures.batch_order; off only to measure it).
+    Returns out (total_q, H, Dv) and lse (H, total_q)."""
     total_q, h, _ = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     out = torch.empty((1, total_q, h, p.head_dim_v), dtype=q.dtype, device=q.device)
@@ -379,22 +380,28 @@ def run_fwd_varlen(
         _empty_rows(out, lse)  # no key in any sequence (TMA cannot map 0-size dims)
         return out[0], lse[0]
     used_q = seqused_q is not None
+    # longest sequences first (their CTAs are dispatched first): no sync, two small kernels
+    lengths = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    order = None
+    if batch > 1 and order_batches:
+        order = torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
     feats = InputFeatures(
         cu_seqlens_q=True, cu_seqlens_k=cu_seqlens_k is not None, seqused_q=used_q,
-        seqused_k=seqused_k is not None, paged_kv=paged,
+        seqused_k=seqused_k is not None, paged_kv=paged, batch_order=order is not None,
     )  # fmt: skip
     if paged and paged_route(p) == "gather":
         k, v = _gather_pages(k, page_table), _gather_pages(v, page_table)
         if seqused_k is None:
-            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-        feats = InputFeatures(cu_seqlens_q=True, seqused_q=used_q, seqused_k=True)
+            seqused_k = lengths.to(torch.int32)
+        feats = InputFeatures(cu_seqlens_q=True, seqused_q=used_q, seqused_k=True,
+                              batch_order=order is not None)  # fmt: skip
         cu_seqlens_k, page_table = None, None
     elif not paged:
         k, v = k.unsqueeze(0), v.unsqueeze(0)
     _run(
         q.unsqueeze(0), k, v, p, out, lse, features=feats, max_seqlen_q=max_seqlen_q,
         batch=batch, seqlen_k=p.seqlen_k, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
-        seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
+        seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table, batch_order=order,
     )  # fmt: skip
     return out[0], lse[0]
 

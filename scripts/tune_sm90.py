@@ -60,7 +60,7 @@ def run(fn_key, q, k, v, causal, scale, out=None, lse=None):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda", dtype=torch.float32)
     s_log2, premul = softmax_scales(scale, 0.0)
-    fn(q, k, v, out, lse, s_log2, premul, 0, 0, q.shape[1], 1, *[None] * 6)
+    fn(q, k, v, out, lse, s_log2, premul, 0, 0, q.shape[1], 1, *[None] * 7)
     return out, lse
 
 

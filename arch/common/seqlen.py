@@ -39,6 +39,10 @@ class InputFeatures:
     # page_table[b, n // (page_size / tile_n)]. Lengths come from seqused_k or the spans of
     # cu_seqlens_k (which then offsets nothing: the pages say where keys live)
     paged_kv: bool = False
+    # grid z-slice z computes batch row batch_order[z]: the host sorts sequences longest first,
+    # so the hardware's in-order block dispatch starts the longest CTAs first (LPT over
+    # sequences; blocks of one z-slice are dispatched before the next)
+    batch_order: bool = False
 
     @property
     def direct_store(self) -> bool:

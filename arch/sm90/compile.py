@@ -2,9 +2,10 @@
 
 `compile_fwd(spec)` returns a TVM-FFI compiled function taking torch tensors directly
 (q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right, max_seqlen_q,
-num_splits, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, kv_batch_idx, page_table) on
-torch's current stream; the six optional int32 tensors are None unless spec.features says the
-variant takes them (k / v are (num_pages, page_size, heads, dim) with page_table).
+num_splits, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, kv_batch_idx, page_table,
+batch_order) on torch's current stream; the seven optional int32 tensors are None unless
+spec.features says the variant takes them (k / v are (num_pages, page_size, heads, dim) with
+page_table).
 Batch and sequence lengths and all strides but the last are symbolic, so one compiled object
 serves every length; head counts and head dims are static (they are in the compile key).
 Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
@@ -111,12 +112,13 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
             cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
             assumed_align=4,
         )  # fmt: skip
+    order = _fake_int32_vector() if feats.batch_order else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(
         kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0),
-        cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, page_table, stream,
-        options=opts,
+        cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, page_table, order,
+        stream, options=opts,
     )  # fmt: skip
 
 

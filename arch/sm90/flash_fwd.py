@@ -21,7 +21,7 @@ seqused_k and cache_batch_idx (KV cache), page_table (paged k / v: one TMA box p
 from the page that holds it), split-KV (grid z = batch x splits, each CTA an equal share of its
 key-tile range; the partials are merged by arch/common/split_combine.py). With cu_seqlens_k,
 seqused_k or pages the V rows past a sequence inside its last key tile are zeroed in smem
-before P V.
+before P V. batch_order: grid z-slice z computes batch row batch_order[z] (longest first).
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
@@ -160,6 +160,7 @@ class FlashFwdSm90:
         mSeqUsedK: cute.Tensor | None,  # (batch,) int32, with features.seqused_k
         mKvBatchIdx: cute.Tensor | None,  # (batch,) int32, with features.kv_batch_idx
         mPageTable: cute.Tensor | None,  # (batch, max_pages) int32, with features.paged_kv
+        mBatchOrder: cute.Tensor | None,  # (batch,) int32, with features.batch_order
         stream: cuda.CUstream,
     ):
         feats = self.features
@@ -261,6 +262,7 @@ class FlashFwdSm90:
             mSeqUsedK,
             mKvBatchIdx,
             mPageTable,
+            mBatchOrder,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -302,6 +304,7 @@ class FlashFwdSm90:
         mSeqUsedK: cute.Tensor | None,
         mKvBatchIdx: cute.Tensor | None,
         mPageTable: cute.Tensor | None,
+        mBatchOrder: cute.Tensor | None,
     ):
         roles = self.roles
         feats = self.features
@@ -332,6 +335,8 @@ class FlashFwdSm90:
         if cutlass.const_expr(feats.split_kv):
             split = batch % num_splits
             batch = batch // num_splits
+        if cutlass.const_expr(feats.batch_order):
+            batch = mBatchOrder[batch]
         if cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
         seq = SeqInfo.create(
