@@ -41,9 +41,9 @@ BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0, True),)
 # position: the causal corner is no mask there)
 FWD_INPUTS = (
     ("split", {"split_kv": True}),
-    ("varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True, "batch_order": True}),
+    ("varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True}),
     ("varlen seqused split", {"cu_seqlens_q": True, "cu_seqlens_k": True, "seqused_q": True,
-                              "seqused_k": True, "split_kv": True}),
+                              "seqused_k": True, "split_kv": True, "batch_order": True}),
     ("kvcache", {"seqused_k": True}),
     ("kvcache batch_idx split", {"seqused_k": True, "kv_batch_idx": True, "split_kv": True}),
     ("decode split", {"split_kv": True, "decode": True}),

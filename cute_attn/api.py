@@ -246,9 +246,11 @@ def flash_attn_with_kvcache(
         return inference.kvcache_reference(q, k_cache, v_cache, k, v, problem=p, **prep)
     from .fwd_sm90 import run_fwd_kvcache
 
-    q, seqused_k, _ = inference.kvcache_prepare(q, k_cache, v_cache, k, v, problem=p, **prep)
+    q, seqused_k, _ = inference.kvcache_prepare(
+        q, k_cache, v_cache, k, v, problem=p, lengths_dtype=torch.int32, with_pages=False, **prep
+    )
     return run_fwd_kvcache(
-        q, k_cache, v_cache, p, seqused_k=seqused_k.to(torch.int32),
+        q, k_cache, v_cache, p, seqused_k=seqused_k.contiguous(),
         kv_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
         page_table=None if page_table is None else _rows_contiguous(page_table),
     )  # fmt: skip

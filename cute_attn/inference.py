@@ -202,10 +202,17 @@ def kvcache_prepare(
     rotary_cos: torch.Tensor | None,
     rotary_sin: torch.Tensor | None,
     rotary_interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lengths_dtype: torch.dtype = torch.int64,
+    with_pages: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Steps 1 and 2 of a validated KV-cache call (module docstring): rotary, then the in-place
-    append. Returns (q, rotated when asked; seqused_k (B,) int64 = keys each row attends to;
-    the (B, max_pages) int64 page table, a dense cache's being its cache rows).
+    append. Returns (q, rotated when asked; seqused_k (B,) in lengths_dtype = keys each row
+    attends to; the (B, max_pages) int64 page table, a dense cache's being its cache rows, or
+    None when with_pages is False and nothing was appended).
+
+    The kernel path asks for int32 lengths and no page table: without an append or rotary and
+    with int32 cache_seqlens on q's device this launches no torch op at all (each small op
+    costs host time on the per-token decode path).
 
     `problem` is what validation.validate_kvcache returned for these arguments (its window is
     normalized, softmax_scale resolved). Rotary reads the largest cache_seqlens on the host
@@ -215,14 +222,16 @@ def kvcache_prepare(
     device = q.device
     batch, seqlen_q, num_heads, _ = q.shape
     seqlen_new = 0 if k is None else k.shape[1]
-    pt = _page_table(k_cache, cache_batch_idx, page_table, batch)
+    pt = None
+    if with_pages or seqlen_new > 0:
+        pt = _page_table(k_cache, cache_batch_idx, page_table, batch)
     page_size = k_cache.shape[1]
     # n_b = cache_seqlens[b]: keys already in row b's cache before this call.
     if isinstance(cache_seqlens, torch.Tensor):
-        n_old = cache_seqlens.to(device=device, dtype=torch.int64)
+        n_old = cache_seqlens.to(device=device, dtype=lengths_dtype)  # no-op when it already is
     else:
         full = p.seqlen_k if cache_seqlens is None else cache_seqlens
-        n_old = torch.full((batch,), full, dtype=torch.int64, device=device)
+        n_old = torch.full((batch,), full, dtype=lengths_dtype, device=device)
 
     if rotary_cos is not None:
         if k is None:
@@ -255,7 +264,7 @@ def kvcache_prepare(
         slots = pos % page_size
         k_cache[pages, slots] = k  # index_put_: in place, one write per new row, no host sync
         v_cache[pages, slots] = v
-    return q, n_old + seqlen_new, pt
+    return q, (n_old + seqlen_new if seqlen_new else n_old), pt
 
 
 def kvcache_reference(

@@ -1,5 +1,6 @@
-"""Varlen prefill with and without the longest-first batch order (InputFeatures.batch_order),
-timed round-robin in one process on the GPU (H200 helper, not a test).
+"""Varlen prefill with and without the longest-first batch order (InputFeatures.batch_order,
+off by default since this measurement), timed round-robin in one process on the GPU (H200
+helper, not a test).
 
 The bench's varlen row: 16 packed causal sequences (58,728 tokens), 32 query heads over 8 KV
 heads, D=128, bf16. Both orders must give bitwise identical outputs (the order only changes
