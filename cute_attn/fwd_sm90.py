@@ -382,11 +382,14 @@ def run_fwd_varlen(
         _empty_rows(out, lse)  # no key in any sequence (TMA cannot map 0-size dims)
         return out[0], lse[0]
     used_q = seqused_q is not None
-    # longest sequences first (their CTAs are dispatched first): no sync, two small kernels
-    lengths = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+
+    def key_lengths():
+        return seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+
     order = None
     if batch > 1 and order_batches:
-        order = torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
+        # longest sequences first (their CTAs are dispatched first): no sync, small kernels
+        order = torch.argsort(key_lengths(), descending=True, stable=True).to(torch.int32)
     feats = InputFeatures(
         cu_seqlens_q=True, cu_seqlens_k=cu_seqlens_k is not None, seqused_q=used_q,
         seqused_k=seqused_k is not None, paged_kv=paged, batch_order=order is not None,
@@ -394,7 +397,7 @@ def run_fwd_varlen(
     if paged and paged_route(p) == "gather":
         k, v = _gather_pages(k, page_table), _gather_pages(v, page_table)
         if seqused_k is None:
-            seqused_k = lengths.to(torch.int32)
+            seqused_k = key_lengths().to(torch.int32)
         feats = InputFeatures(cu_seqlens_q=True, seqused_q=used_q, seqused_k=True,
                               batch_order=order is not None)  # fmt: skip
         cu_seqlens_k, page_table = None, None
