@@ -448,6 +448,40 @@ def test_split_table_fills_one_wave_at_most():
             assert s >= 1 and (s == 1 or (ctas * s <= 132 and tiles // s >= 2)), (ctas, tiles, s)
 
 
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (192, 128), (256, 256)])
+@pytest.mark.parametrize("decode", [False, True])
+def test_paged_tile_fits_inside_a_page(d, dv, decode):
+    # every TMA key tile must lie inside one page: tile_n divides the page size, is a multiple
+    # of 16 (the P V wgmma's K step), never above the dense table's tile, and the smaller tile
+    # keeps the variant inside smem; sizes without such a tile take the gather route
+    from cute_attn.arch.sm90.tile_config import (
+        SMEM_BYTES_SM90,
+        fwd_tile_config,
+        paged_tile_config,
+        paged_tile_n,
+    )
+
+    base = fwd_tile_config(d, dv, True, False, decode)
+    for page in (1, 8, 15, 16, 24, 32, 48, 64, 80, 96, 100, 128, 200, 256, 512, 1024):
+        n = paged_tile_n(base.tile_n, page)
+        if n is None:
+            assert all(page % m for m in range(16, base.tile_n + 1, 16)), page
+            with pytest.raises(ValueError, match="no TMA key tile"):
+                fwd_tile_config(d, dv, True, False, decode, page)
+            continue
+        cfg = fwd_tile_config(d, dv, True, False, decode, page)
+        assert cfg == paged_tile_config(base, d, dv, page)
+        assert cfg.tile_n == n and page % n == 0 and n % 16 == 0 and n <= base.tile_n
+        assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
+        assert cfg.num_stages >= base.num_stages
+        # the largest such tile: no bigger multiple of 16 up to the table's tile divides page
+        assert all(page % m for m in range(n + 16, base.tile_n + 1, 16))
+        # only the key tile and stage count change
+        assert dataclasses.replace(cfg, tile_n=base.tile_n, num_stages=base.num_stages) == base
+    assert paged_tile_n(128, 64) == 64 and paged_tile_n(128, 256) == 128
+    assert paged_tile_n(80, 256) == 64 and paged_tile_n(128, 8) is None
+
+
 def test_packed_decode_views_map_heads_to_rows():
     from cute_attn.fwd_sm90 import _pack_lse, _pack_rows
 
@@ -495,3 +529,16 @@ def test_kernel_path_prepare_launches_nothing_without_append():
     _, used64, pt64 = inference.kvcache_prepare(q, kc, kc, None, None, **kw)
     assert used64.dtype == torch.int64 and used64.tolist() == [3, 17]
     assert pt64.tolist() == [[0], [1]]
+
+
+def test_gather_pages_builds_dense_rows_and_ignores_unused_entries():
+    # the gather route for page sizes without a TMA tile: row b = pages table[b] in order;
+    # entries past a row's used pages (-1, or out of range) are clamped, never an index error
+    from cute_attn.fwd_sm90 import _gather_pages
+
+    pages = torch.arange(5 * 3 * 2 * 4, dtype=torch.float32).view(5, 3, 2, 4)
+    table = torch.tensor([[4, 0, -1], [2, 99, -7]], dtype=torch.int32)
+    dense = _gather_pages(pages, table)
+    assert dense.shape == (2, 9, 2, 4)
+    assert torch.equal(dense[0, :6], torch.cat([pages[4], pages[0]]))
+    assert torch.equal(dense[1, :3], pages[2])
