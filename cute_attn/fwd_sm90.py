@@ -165,10 +165,12 @@ def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def paged_route(p: AttnProblem) -> str | None:
     """How the kernel reads a paged cache: "tma" (page by page) when a key tile of the tuning
     table's variant fits the page size, else "gather" (torch copies the pages into a dense
-    cache first, a full extra read and write of it); None when p is not paged."""
+    cache first, a full extra read and write of it); None when p is not paged. Memoized:
+    dispatch and the runner both ask, on every call."""
     if not p.paged:
         return None
     pack = p.kvcache and _pack_decode(p, p.seqlen_q)  # as run_fwd_kvcache decides it

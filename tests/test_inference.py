@@ -501,14 +501,7 @@ def test_packed_decode_views_map_heads_to_rows():
 def test_kernel_path_prepare_launches_nothing_without_append():
     # the per-token decode call without append / rotary: int32 lengths go to the kernel as
     # they are (no cast, no add, no page table), so the host issues no torch op for them
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
+    from op_count import CountOps
 
     q = torch.randn(2, 1, 4, 16)
     kc = torch.randn(2, 32, 2, 16)
@@ -520,11 +513,11 @@ def test_kernel_path_prepare_launches_nothing_without_append():
     )  # fmt: skip
     kw = dict(problem=p, cache_seqlens=n, cache_batch_idx=None, page_table=None,
               rotary_cos=None, rotary_sin=None, rotary_interleaved=True)  # fmt: skip
-    with Count():
+    with CountOps() as ops:
         q2, used, pt = inference.kvcache_prepare(
             q, kc, kc, None, None, lengths_dtype=torch.int32, with_pages=False, **kw
         )
-    assert Count.n == 0 and q2 is q and used is n and pt is None
+    assert ops.n == 0 and q2 is q and used is n and pt is None
     # the reference's call still gets int64 lengths and the page table
     _, used64, pt64 = inference.kvcache_prepare(q, kc, kc, None, None, **kw)
     assert used64.dtype == torch.int64 and used64.tolist() == [3, 17]

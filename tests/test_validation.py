@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from op_count import CountOps
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -428,28 +429,21 @@ def test_varlen_value_checks_skipped_when_values_unreadable():
 def test_value_checks_can_be_turned_off(monkeypatch, flag):
     # CUTE_ATTN_CHECK_VALUES=0: no index value is read (no tensor op, so no host sync on a
     # device), malformed values pass unnoticed, shapes are still checked, max_seqlen_* required
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
     monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", flag)
     bad = dict(cu_seqlens_q=i32([0, 9, 5]), cu_seqlens_k=i32([0, 4, 9]))
     tensors, kw = packed(), vknobs(max_seqlen_q=9, max_seqlen_k=5, **bad)
-    with Count():
+    with CountOps() as ops:
         p = validate_varlen(*tensors, **kw)
-    assert Count.n == 0 and (p.seqlen_q, p.seqlen_k) == (9, 5)
+    assert ops.n == 0 and (p.seqlen_q, p.seqlen_k) == (9, 5)
     with pytest.raises(ValueError, match="CUTE_ATTN_CHECK_VALUES"):
         varlen(*packed(), **bad)
     with pytest.raises(ValueError, match="num_heads"):  # shapes are still checked
         varlen(*packed(H=3), max_seqlen_q=9, max_seqlen_k=5, **bad)
     q, kc, vc, k, v = kv_tensors()
     kw = kvknobs(cache_seqlens=i32([99, -3]))
-    with Count():
+    with CountOps() as ops:
         validate_kvcache(q, kc, vc, k, v, **kw)
-    assert Count.n == 0
+    assert ops.n == 0
     monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", "1")
     with pytest.raises(ValueError, match="first element|nondecreasing"):
         varlen(*packed(), **bad)
@@ -565,17 +559,10 @@ def test_kvcache_fills_problem():
 
 
 def test_kvcache_python_int_path_does_no_tensor_ops():
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
     q, kc, vc, k, v = kv_tensors()
-    with Count():
+    with CountOps() as ops:
         kvcache(q, kc, vc, k, v, cache_seqlens=4)
-    assert Count.n == 0
+    assert ops.n == 0
 
 
 def test_kvcache_new_kv_both_or_neither():
