@@ -37,8 +37,8 @@ FEATURES = (
 # the backward also specializes on the deterministic dQ order
 BWD_FEATURES = FEATURES + (("deterministic causal", True, -1, 0, 0.0, True),)
 # forward input layouts beyond dense (InputFeatures fields; "decode": the packed decode tile
-# config), built with the causal feature, or without a mask for decode (packed rows sit at one
-# position: the causal corner is no mask there)
+# config; "tall": the long-query tile config), built with the causal feature, or without a
+# mask for decode (packed rows sit at one position: the causal corner is no mask there)
 FWD_INPUTS = (
     ("split", {"split_kv": True}),
     ("varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True}),
@@ -55,6 +55,8 @@ FWD_INPUTS = (
                         "page_size": 16}),
     ("kvcache paged256 split", {"seqused_k": True, "paged_kv": True, "split_kv": True,
                                 "page_size": 256}),
+    # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
+    ("tall", {"tall": True}),
 )  # fmt: skip
 # split partials and packed sequences leave registers by predicated stores, not the TMA store
 DIRECT_STORE_INPUTS = ("split_kv", "cu_seqlens_q")
@@ -147,9 +149,10 @@ def compile_variants(
     def make_fwd_key(p, arch, inputs):
         inputs = dict(inputs)
         decode = inputs.pop("decode", False)
+        tall = inputs.pop("tall", False)
         if "page_size" in inputs:
             p = dataclasses.replace(p, paged=True, page_size=inputs.pop("page_size"))
-        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode)
+        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall)
 
     def make_bwd_key(p, arch, inputs):
         return bwd_key(p, arch)
@@ -165,6 +168,8 @@ def compile_variants(
             meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
             if any(inputs.get(f) for f in DIRECT_STORE_INPUTS):
                 meant = tuple(i for i in meant if i != "UTMASTG")
+            if inputs.get("split_kv"):
+                meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
             row = {"name": name, "arch": arch, "seconds": None, "registers": None,
                    "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
             t0 = time.perf_counter()

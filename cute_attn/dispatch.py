@@ -75,6 +75,12 @@ def _record(d: Decision) -> Decision:
     return d
 
 
+def replay(d: Decision) -> Decision:
+    """Record again a decision made for an identical earlier call (the dense entry's host
+    fast path skips validation and dispatch, not the record)."""
+    return _record(d)
+
+
 @functools.cache
 def device_arch(index: int) -> str | None:
     """'sm_90a' for compute capability 9.0, 'sm_100a' for 10.x, else e.g. 'sm_80'."""

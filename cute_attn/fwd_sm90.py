@@ -29,6 +29,7 @@ from .arch.common.seqlen import InputFeatures
 from .arch.sm90.tile_config import (
     SUPPORTED_HEAD_DIMS,
     FwdTileConfig,
+    fills_tall_tiles,
     fwd_num_splits,
     fwd_tile_config,
     paged_tile_n,
@@ -86,19 +87,24 @@ _DENSE = InputFeatures()
 
 
 def fwd_key(
-    p: AttnProblem, arch: str = ARCH, features: InputFeatures = _DENSE, decode: bool = False
+    p: AttnProblem,
+    arch: str = ARCH,
+    features: InputFeatures = _DENSE,
+    decode: bool = False,
+    tall: bool = False,
 ) -> FwdKey:
     """`decode`: p is the packed decode view (query heads of a KV head as rows). With
-    features.paged_kv the page size picks the key tile (tile_config.paged_tile_config)."""
+    features.paged_kv the page size picks the key tile (tile_config.paged_tile_config).
+    `tall`: the query length bucket of tile_config.fills_tall_tiles."""
     page_size = p.page_size if features.paged_kv else 0
-    return _fwd_key(arch, *static_features(p), features, decode, page_size)
+    return _fwd_key(arch, *static_features(p), features, decode, page_size, tall)
 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, feats,
-             decode, page_size):  # fmt: skip
+             decode, page_size, tall):  # fmt: skip
     # memoized: the tuning-table lookup and key construction stay off the per-call path
-    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size)
+    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall)
     tile = dataclasses.astuple(cfg)
     return FwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile,
@@ -214,12 +220,13 @@ def _sm_count(index: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _num_splits(
-    num_splits, d, dv, causal, local, decode, page_size, batch, rows, heads, seqlen_k, num_sms
+    num_splits, d, dv, causal, local, decode, page_size, batch, rows, heads, seqlen_k, num_sms,
+    tall=False,
 ):  # fmt: skip
     """The user's num_splits, or (0) the tuning table's choice for this grid."""
     if num_splits > 0:
         return num_splits
-    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size)
+    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall)
     ctas = batch * heads * -(-rows // cfg.tile_m)
     return fwd_num_splits(ctas, -(-seqlen_k // cfg.tile_n), num_sms)
 
@@ -246,9 +253,10 @@ def _plan(
     kp = _kernel_problem(p, pack)
     rows, heads = (group, p.num_heads_kv) if pack else (max_seqlen_q, p.num_heads)
     page_size = p.page_size if features.paged_kv else 0
+    tall = tall_rows(features, pack, max_seqlen_q)
     splits = _num_splits(
         p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, page_size, batch,
-        rows, heads, seqlen_k, _num_sms(device_index),
+        rows, heads, seqlen_k, _num_sms(device_index), tall,
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
@@ -256,12 +264,19 @@ def _plan(
     if splits > 1:
         combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
     return _Plan(
-        fn=build_fwd(fwd_key(kp, features=feats, decode=pack)),
+        fn=build_fwd(fwd_key(kp, features=feats, decode=pack, tall=tall)),
         combine=combine,
         scalars=(scale_log2, premul, max(kp.window_left, 0), max(kp.window_right, 0), rows, splits),
         splits=splits,
         group=group,
     )
+
+
+def tall_rows(features: InputFeatures, pack: bool, max_seqlen_q: int) -> bool:
+    """Whether a launch takes the tuning table's long-query variant (`tall`): dense query rows
+    of a length tile_config.fills_tall_tiles accepts. Packed sequences (cu_seqlens_q) pad
+    each sequence's last tile, so they keep the default row count, as packed decode does."""
+    return not pack and not features.cu_seqlens_q and fills_tall_tiles(max_seqlen_q)
 
 
 def _kernel_problem(p: AttnProblem, pack: bool) -> AttnProblem:

@@ -56,6 +56,41 @@ def _graph(fn, reps=50):
     return _events(g.replay, reps)
 
 
+def _breakdown(q, k, v) -> dict:
+    """Host us per call of each piece of the tiny dense call (`flash_attn_func(q, k, v,
+    causal=True)`), each timed alone in a loop of its own (launches are queued, not synced)."""
+    from cute_attn import dispatch, fwd_sm90
+    from cute_attn.validation import validate_dense
+
+    kw = dict(softmax_scale=None, causal=True, window_size=(None, None), softcap=0.0,
+              num_splits=0, pack_gqa=None, deterministic=False)  # fmt: skip
+    p = validate_dense(q, k, v, **kw)
+    tensors = (("q", q), ("k", k), ("v", v))
+    b, sq, h, _ = q.shape
+    out = torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    plan = fwd_sm90._plan(p, fwd_sm90._DENSE, b, sq, p.seqlen_k, False, q.device.index)
+
+    def launch():
+        plan.fn(q, k, v, out, lse, *plan.scalars, *[None] * 7)
+
+    def alloc():
+        torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
+        torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+
+    pieces = {
+        "whole call": lambda: cute_attn.flash_attn_func(q, k, v, causal=True),
+        "validate_dense": lambda: validate_dense(q, k, v, **kw),
+        "dispatch.select": lambda: dispatch.select(p, tensors),
+        "run_fwd": lambda: fwd_sm90.run_fwd(q, k, v, p),
+        "two torch.empty": alloc,
+        "plan lookup": lambda: fwd_sm90._plan(p, fwd_sm90._DENSE, b, sq, p.seqlen_k, False, 0),
+        "kernel launch (TVM-FFI call)": launch,
+    }
+    # 500 queued launches stay inside the launch queue (a full queue would time the GPU)
+    return {name: _host(fn, reps=500) for name, fn in pieces.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -82,17 +117,24 @@ def main():
                 return cute_attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
 
         fn()
+        if "tiny" in name:
+            parts = _breakdown(q, k, v)
+            print("host us per call of each piece (tiny dense call):")
+            for piece, us in parts.items():
+                print(f"  {piece:<30} {us:6.1f}")
         row = {"case": name, "eager_us": _events(fn), "host_us": _host(fn), "graph_us": _graph(fn),
                "dispatch": cute_attn.last_dispatch().impl}  # fmt: skip
+        if "tiny" in name:
+            row["host_breakdown_us"] = parts
         row["graph_tbps"] = 2 * b * sk * hkv * d * 2 / (row["graph_us"] * 1e-6) / 1e12
         rows.append(row)
-        if args.profile and " b1 " in name:
+        if args.profile and (" b1 " in name or "tiny" in name):
             import cProfile
             import pstats
 
             prof = cProfile.Profile()
             prof.runcall(lambda: [fn() for _ in range(200)])
-            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         print(f"{name:<34} eager {row['eager_us']:8.1f} us  host {row['host_us']:7.1f} us  "
               f"graph {row['graph_us']:8.1f} us ({row['graph_tbps']:.2f} TB/s)",
               flush=True)  # fmt: skip

@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from cute_attn.arch.sm90.tile_config import fwd_tile_config
+from cute_attn.arch.sm90.tile_config import fills_tall_tiles, fwd_tile_config
 from cute_attn.bench import visible_pairs
 from cute_attn.fwd_sm90 import FwdKey, build_fwd, softmax_scales
 from cute_attn.reference import attention_ref
@@ -33,6 +33,9 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d128-4k": (4, 4096, 4096, 16, 128, False, False),
     "d128-1k-causal": (16, 1024, 1024, 16, 128, True, False),
     "d64-16k": (1, 16384, 16384, 32, 64, False, False),
+    "d64-16k-causal": (1, 16384, 16384, 32, 64, True, False),
+    "d64-4k": (4, 4096, 4096, 32, 64, False, False),
+    "d64-1k": (16, 1024, 1024, 32, 64, False, False),
     "d256-16k": (1, 16384, 16384, 8, 256, False, False),
     "d256-16k-causal": (1, 16384, 16384, 8, 256, True, False),
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
@@ -79,7 +82,10 @@ def main():
     rows = []
     for shape in args.shapes.split(","):
         b, sq, sk, h, d, causal, decode = SHAPES[shape]
-        base = fwd_tile_config(d, d, causal, False, decode)
+        # the variant the library runs for this shape (tall: the long-query bucket)
+        base = fwd_tile_config(
+            d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq)
+        )
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 
         def rnd(*shape):

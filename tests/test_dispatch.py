@@ -149,3 +149,58 @@ def test_support_summary_without_gpu():
     s = dispatch.support_summary()
     if not torch.cuda.is_available():
         assert s["kernels"] == [] and s["arch"] is None
+
+
+# ------------------------------------------------- the dense entry's host fast path (memo)
+@pytest.fixture
+def served_on_cpu(monkeypatch):
+    """CPU tensors treated as if the SM90 kernel served them: dispatch says so, the kernel is
+    a stub, and validate_dense calls are counted (the memo exists to skip them)."""
+    from cute_attn import api, fwd_sm90
+
+    calls = {"validate": 0, "run": 0}
+    real_validate = api.validate_dense
+
+    def counting_validate(*a, **kw):
+        calls["validate"] += 1
+        return real_validate(*a, **kw)
+
+    def select(p, tensors, fallback=None, entry="flash_attn_func"):
+        return dispatch._record(dispatch.Decision("sm90_fwd", "sm_90a", "stub", entry))
+
+    def run_fwd(q, k, v, p):
+        calls["run"] += 1
+        return ("stub", p)
+
+    monkeypatch.setattr(api, "validate_dense", counting_validate)
+    monkeypatch.setattr(dispatch, "select", select)
+    monkeypatch.setattr(fwd_sm90, "run_fwd", run_fwd)
+    api._dense_memo.clear()
+    yield calls
+    api._dense_memo.clear()
+
+
+def test_fast_path_reuses_problem_and_decision(served_on_cpu):
+    q = torch.randn(2, 10, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 12, 2, 64, dtype=torch.bfloat16)
+    first = cute_attn.flash_attn_func(q, k, k, causal=True)
+    dispatch._local.decision = None
+    second = cute_attn.flash_attn_func(q, k, k, causal=True)
+    assert served_on_cpu == {"validate": 1, "run": 2}
+    assert first[1] is second[1]  # the very problem validation built
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"  # the decision is recorded again
+    # other shapes, strides, scalars or scalar types miss the memo and validate
+    cute_attn.flash_attn_func(q[:, :9], k, k, causal=True)
+    cute_attn.flash_attn_func(q, k, k, causal=True, softcap=1.0)
+    cute_attn.flash_attn_func(q.transpose(1, 2).contiguous().transpose(1, 2), k, k, causal=True)
+    assert served_on_cpu["validate"] == 4
+
+
+def test_fast_path_keeps_type_errors(served_on_cpu):
+    # True == 1 and hash(True) == hash(1): the memo must not serve causal=1
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    cute_attn.flash_attn_func(q, q, q, causal=True)
+    with pytest.raises(TypeError, match="causal"):
+        cute_attn.flash_attn_func(q, q, q, causal=1)
+    with pytest.raises(TypeError):  # unhashable: the full path names the argument
+        cute_attn.flash_attn_func(q, q, q, softcap=[1.0])

@@ -56,6 +56,20 @@ def test_fwd_gqa_windows(h, hkv, window, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sq,sk", [(3001, 3001), (2048, 3001), (2100, 700), (4224, 4224)])
+@pytest.mark.parametrize("mode", SWEEP_MODES)
+def test_fwd_tall_d64(dtype, sq, sk, mode):
+    # long query rows take the 192-row, three-consumer-warpgroup D=64 variant
+    from cute_attn.arch.common.seqlen import InputFeatures
+    from cute_attn.fwd_sm90 import tall_rows
+
+    assert tall_rows(InputFeatures(), False, sq)
+    b = 1 if sq * sk > 8_000_000 else 2
+    _check(*attn_inputs(b, sq, sk, 6, 2, 64, 64, dtype), **mode_kwargs(mode))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 4, 9])
 def test_fwd_batches_and_long(b):
     _check(*attn_inputs(b, 4224 // b, 4224 // b, 4, 4, 128, 128, torch.bfloat16), causal=True)
@@ -96,6 +110,26 @@ def test_fwd_noncontiguous_views():
     # q/k/v as views of one packed qkv tensor (strides not compact, still TMA-legal)
     qkv = torch.randn(2, 333, 3, 8, 128, device="cuda", dtype=torch.bfloat16)
     _check(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+
+
+@pytest.mark.gpu
+def test_fwd_memo_hit_matches_first_call():
+    # the second identical call skips validation and dispatch (api._dense_memo); it must run
+    # the same kernel, and a grad-requiring call with the same signature must still get grads
+    from cute_attn import api
+
+    q, k, v = attn_inputs(2, 300, 301, 6, 2, 64, 64, torch.bfloat16)
+    api._dense_memo.clear()
+    first = flash_attn_func(q, k, v, causal=True)
+    assert len(api._dense_memo) == 1
+    second = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert last_dispatch().impl == "sm90_fwd"
+    qg = q.clone().requires_grad_()
+    out, _ = flash_attn_func(qg, k, v, causal=True)
+    assert torch.equal(out, first[0]) and out.grad_fn is not None
+    out.float().sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
 
 
 @pytest.mark.gpu

@@ -6,9 +6,18 @@ ranges is
     lse = log(sum_s exp(lse_s)),   out = sum_s exp(lse_s - lse) * o_s,
 and a row no split saw (lse = -inf everywhere) gets out = 0, lse = -inf.
 
-One warp per (batch, query row, head): lanes read the split lse values (strided by 32), reduce
-max and sum by shuffles, then each lane accumulates head_dim_v / 32 columns (column c = 32 j +
-lane, so every load and store of the warp is one contiguous run).
+One warp per (batch, query row, head): lanes read the split lse values (lane s holds split s,
+then s + 32, ...), reduce max and sum by shuffles, and keep their split's weight
+exp(lse_s - lse) in a register. Each lane then accumulates head_dim_v / 32 columns (column
+c = 32 j + lane, so every load and store of the warp is one contiguous run), `split_unroll`
+splits per step with each weight broadcast by a shuffle: a step's loads depend neither on
+each other nor on the accumulator, so they are in flight together. (One split per step
+would serialize one L2 round trip per split.)
+
+Launched with programmatic dependent launch (PDL): its CTAs may become resident while the
+split kernel still runs (that kernel signals `griddepcontrol.launch_dependents` at its start)
+and wait in `griddepcontrol.wait` until every split partial is written and visible. That
+hides this launch's latency behind the split kernel's tail.
 
 Tensors: o_part (splits, batch, seq, heads, dv) fp32, lse_part (splits, batch, heads, seq)
 fp32, out (batch, seq, heads, dv) in the output dtype, lse (batch, heads, seq) fp32.
@@ -26,17 +35,30 @@ from cutlass import Float32
 
 NUM_THREADS = 128
 LOG2E = math.log2(math.e)
+# splits whose partial loads one step keeps in flight (head_dim_v / 32 loads each per lane)
+SPLIT_UNROLL = 8
 
 
 class SplitCombine:
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim_v: int):
+    def __init__(
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim_v: int,
+        split_unroll: int = SPLIT_UNROLL,
+        use_pdl: bool = True,
+    ):
         self.dtype = dtype
         self.head_dim_v = head_dim_v
+        # both knobs exist so scripts/decode_splits.py can measure what each buys
+        self.split_unroll = split_unroll
+        self.use_pdl = use_pdl
         self._setup_attributes()
 
     def _setup_attributes(self):
         if self.head_dim_v % 32:
             raise ValueError(f"head_dim_v {self.head_dim_v} must be a multiple of 32")
+        if self.split_unroll not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"split_unroll {self.split_unroll} must divide 32")
         self.cols_per_lane = self.head_dim_v // 32
         self.rows_per_cta = NUM_THREADS // 32
 
@@ -54,7 +76,7 @@ class SplitCombine:
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])
         grid = (cute.ceil_div(rows, self.rows_per_cta), 1, 1)
         self.kernel(mOpart, mLSEpart, mO, mLSE).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.use_pdl
         )
 
     @cute.kernel
@@ -70,6 +92,9 @@ class SplitCombine:
         head = row % heads
         pos = (row // heads) % seqlen
         batch = row // (heads * seqlen)
+        if cutlass.const_expr(self.use_pdl):
+            # nothing below may read a partial before the split kernel has finished
+            cute.arch.griddepcontrol_wait()
         if batch < mO.shape[0]:  # warp-uniform
             # pass 1: the largest lse_s, then the sum of exp(lse_s - max), over the splits
             m = -Float32.inf
@@ -88,10 +113,22 @@ class SplitCombine:
             lse_safe = cutlass.select_(total > Float32(0.0), lse, Float32(0.0))
             acc = cute.make_rmem_tensor((self.cols_per_lane,), Float32)
             acc.fill(0.0)
-            for s in cutlass.range(num_splits, unroll=1):
-                w = cute.math.exp2((mLSEpart[s, batch, head, pos] - lse_safe) * LOG2E)
-                for j in cutlass.range_constexpr(self.cols_per_lane):
-                    acc[j] += w * mOpart[s, batch, pos, head, j * 32 + lane]
+            last = num_splits - 1
+            for s32 in cutlass.range(0, num_splits, 32, unroll=1):
+                # lane i holds the weight of split s32 + i (0 past the last split)
+                w_lane = Float32(0.0)
+                if s32 + lane < num_splits:
+                    w_lane = cute.math.exp2(
+                        (mLSEpart[s32 + lane, batch, head, pos] - lse_safe) * LOG2E
+                    )
+                in_chunk = cutlass.min(32, num_splits - s32)
+                for step in cutlass.range(0, in_chunk, self.split_unroll, unroll=1):
+                    # a step past the last split re-reads it (in bounds) with weight 0
+                    for i in cutlass.range_constexpr(self.split_unroll):
+                        w = cute.arch.shuffle_sync(w_lane, step + i)
+                        s = cutlass.min(s32 + step + i, last)
+                        for j in cutlass.range_constexpr(self.cols_per_lane):
+                            acc[j] += w * mOpart[s, batch, pos, head, j * 32 + lane]
             for j in cutlass.range_constexpr(self.cols_per_lane):
                 mO[batch, pos, head, j * 32 + lane] = acc[j].to(self.dtype)
             if lane == 0:

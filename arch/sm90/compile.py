@@ -178,8 +178,9 @@ def compile_bwd_postprocess(dtype_name: str, head_dim: int, options: str = ""):
     )  # fmt: skip
 
 
-def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = ""):
-    """TVM-FFI function (o_part, lse_part, out, lse); see SplitCombine. All four compact."""
+def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = "", **knobs):
+    """TVM-FFI function (o_part, lse_part, out, lse); see SplitCombine (knobs: its
+    split_unroll / use_pdl, defaults as the library runs it). All four compact."""
     b, s, h, splits = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     f32 = cutlass.Float32
 
@@ -190,8 +191,9 @@ def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = ""):
         )
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    kernel = SplitCombine(DTYPES[dtype_name], head_dim_v, **knobs)
     return cute.compile(
-        SplitCombine(DTYPES[dtype_name], head_dim_v), compact(f32, (splits, b, s, h, head_dim_v)),
+        kernel, compact(f32, (splits, b, s, h, head_dim_v)),
         compact(f32, (splits, b, h, s), 4), compact(DTYPES[dtype_name], (b, s, h, head_dim_v)),
         compact(f32, (b, h, s), 4), stream, options=("--enable-tvm-ffi " + options).strip(),
     )  # fmt: skip

@@ -308,6 +308,10 @@ class FlashFwdSm90:
     ):
         roles = self.roles
         feats = self.features
+        if cutlass.const_expr(feats.split_kv and self.config.early_dependents):
+            # the combine kernel (launched with PDL) may become resident now; it waits for this
+            # grid's completion in griddepcontrol.wait, so only its launch latency is hidden
+            cute.arch.griddepcontrol_launch_dependents()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.load_warp:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
@@ -619,6 +623,10 @@ class FlashFwdSm90:
             if wg == 0:
                 self._sched_wait(wg)
 
+        if cutlass.const_expr(self.features.split_kv and not self.config.early_dependents):
+            # the PDL-launched combine may become resident once every CTA got here (or exited):
+            # its launch overlaps this grid's epilogues, its waiting warps not the main loops
+            cute.arch.griddepcontrol_launch_dependents()
         lse = softmax.finalize(acc_o)
         self.epilogue(
             tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,

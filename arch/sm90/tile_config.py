@@ -33,6 +33,9 @@ class FwdTileConfig:
     # resident CTAs per SM (registers and smem split between them): 2 lets one CTA's prologue
     # and epilogue overlap another's main loop when each CTA has few key tiles
     ctas_per_sm: int = 1
+    # split-KV only: signal griddepcontrol.launch_dependents (the PDL-launched combine may
+    # become resident) at kernel start (True) or once the consumers reach the epilogue
+    early_dependents: bool = False
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
@@ -60,6 +63,13 @@ class FwdTileConfig:
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
+def fills_tall_tiles(seqlen_q: int) -> bool:
+    """Whether a dense query length suits 192-row tiles: long (the 192-row D=64 variant was
+    measured at 4k and 16k and loses at 1k) and padded to a multiple of 192 by at most 4% more
+    rows than to a multiple of 128 (1024 rows become 1152, 12.5% more, and cost 5%)."""
+    return seqlen_q >= 2048 and -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
+
+
 def fwd_tile_config(
     head_dim: int,
     head_dim_v: int,
@@ -67,16 +77,19 @@ def fwd_tile_config(
     local: bool,
     decode: bool = False,
     page_size: int = 0,
+    tall: bool = False,
 ) -> FwdTileConfig:
-    """The tuning table. Inputs are static problem features only (never lengths); `decode` is
-    the packed decode layout (one query row, the query heads of a KV head as the tile's rows);
-    `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so the
-    key tile must lie inside one page (`paged_tile_config`).
+    """The tuning table. Inputs are static problem features, plus one length bucket; `decode`
+    is the packed decode layout (one query row, the query heads of a KV head as the tile's
+    rows); `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so
+    the key tile must lie inside one page (`paged_tile_config`); `tall`: a dense query length
+    for which `fills_tall_tiles` holds (the host decides; it picks between two compiled
+    variants, it is not a length in the key).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
-    cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode)
+    cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall)
     if page_size > 0:
         paged = paged_tile_config(cfg, head_dim, head_dim_v, page_size)
         if paged is None:
@@ -86,7 +99,7 @@ def fwd_tile_config(
 
 
 def _dense_tile_config(
-    head_dim: int, head_dim_v: int, causal: bool, local: bool, decode: bool
+    head_dim: int, head_dim_v: int, causal: bool, local: bool, decode: bool, tall: bool
 ) -> FwdTileConfig:
     if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
@@ -101,10 +114,23 @@ def _dense_tile_config(
         # one process): B=128 Sk=2k 0.241 vs 0.249 ms (+3%), B=64 Sk=8k equal, B=8 Sk=8k
         # 0.084-0.096 vs 0.078 ms (-8 to -23%, a one-wave split grid): not adopted.
         return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
+    if head_dim <= 64 and tall:
+        # 192 x 128 with three consumer warpgroups and no intra-warpgroup overlap (with overlap
+        # it spills 57 registers at the 160 a consumer gets; without, none). Against the
+        # 128 x 128 variant below, round-robin (tune_d64_tiles_h200.json, TFLOP/s): 16k 478 vs
+        # 449, 16k causal 468 vs 457, 4k 438 vs 429; but 1k 345 vs 363 (padding to 1152 rows),
+        # hence only for tall query lengths. Also measured there and lost everywhere: tile_n
+        # 160 / 176 (two warpgroups; -11..-18% at 1k and causal), 192 x 96 (3 stages or 2).
+        return FwdTileConfig(
+            tile_m=192, num_mma_warpgroups=3, pingpong=False, intra_wg_overlap=False
+        )
     if head_dim <= 64:
         # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
-        # tile_n 192: 427, and 3 consumer warpgroups (192 x 128): 386 (tune_d64_tiles.json).
-        # exp2_emu_every: implemented, not measured on the GPU yet, so off.
+        # tile_n 192: 427, and 3 consumer warpgroups (192 x 128, with overlap: spilling): 386
+        # (tune_d64_tiles.json).
+        # exp2_emu_every off: every 4th exponential on the FMA pipe costs 8-10%, every 8th
+        # 1-2% (16k 456 / 416 / 453 TFLOP/s base / emu4 / emu8; 16k causal 451 / 410 / 442;
+        # 4k 433 / 386 / 425; 1k 365 / 337 / 357; tune_exp2_emu_d64_h200.json).
         return FwdTileConfig(tile_n=128, pingpong=False)
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
@@ -159,8 +185,12 @@ def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
     """Split-KV count for num_splits=0, from the grid the call would launch without splits
     (num_ctas) and its key tiles per CTA: split only when that grid leaves SMs idle, into at
     most one wave, keeping >= 2 key tiles per split (the partials and the combine cost about
-    one tile's traffic each). Not yet tuned by measurement: the first decode rows measured
-    with it are in docs/perf/README.md."""
+    one tile's traffic each). Measured against every nearby count on the decode rows
+    (docs/perf/decode_splits_h200.json, CUDA graphs, 32/8 heads, D=128): B=1 Sk=32k picks 16
+    (37.5 us; 8: 42.9, 12: 43.2, 20: 47.7, 24: 46.1, 32: 44.4, 33: 45.2, 48: 48.1); B=8 Sk=8k
+    picks 2 (65.2 us; 1: 75.0, 3: 74.3, 4: 69.1); B=64 and B=128 pick 1 (2 splits: +2-3%).
+    The winners fill one wave (B=1: 16 splits x 8 KV heads = 128 CTAs on 132 SMs); fewer
+    leave SMs idle, more need a second, partial wave."""
     if num_ctas >= num_sms or num_n_blocks < 4:
         return 1
     return max(1, min(num_sms // num_ctas, num_n_blocks // 2, 128))

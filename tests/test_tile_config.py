@@ -1,0 +1,41 @@
+"""CPU tests of the SM90 forward tuning table's length bucket (no GPU, no compile)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cute_attn.arch.common.seqlen import InputFeatures
+from cute_attn.arch.sm90.tile_config import fills_tall_tiles, fwd_tile_config
+from cute_attn.fwd_sm90 import tall_rows
+
+
+@pytest.mark.parametrize(
+    "sq,tall",
+    [(1, False), (384, False), (1024, False), (2000, False), (2048, True), (2500, False),
+     (3001, True), (4096, True), (4224, True), (16384, True)],
+)  # fmt: skip
+def test_fills_tall_tiles(sq, tall):
+    # >= 2048 rows, padded to 192 by at most 4% more than to 128 (2500: 2688 vs 2560 rows)
+    assert fills_tall_tiles(sq) is tall
+
+
+def test_tall_only_changes_d64():
+    for causal, local in ((False, False), (True, False), (False, True)):
+        tall = fwd_tile_config(64, 64, causal, local, tall=True)
+        assert (tall.tile_m, tall.num_mma_warpgroups, tall.intra_wg_overlap) == (192, 3, False)
+        assert fwd_tile_config(64, 64, causal, local).tile_m == 128
+        for d, dv in ((96, 96), (128, 128), (192, 128), (256, 256)):
+            assert fwd_tile_config(d, dv, causal, local, tall=True) == fwd_tile_config(
+                d, dv, causal, local
+            )
+    # the packed decode layout keeps its own tile whatever the bucket says
+    assert fwd_tile_config(64, 64, False, False, decode=True, tall=True).tile_m == 64
+
+
+def test_tall_rows_only_for_dense_query_rows():
+    dense, packed = InputFeatures(), InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
+    assert tall_rows(dense, False, 4096)
+    assert not tall_rows(dense, True, 4096)  # packed decode view
+    assert not tall_rows(packed, False, 4096)  # varlen: each sequence pads its last tile
+    assert not tall_rows(dense, False, 1024)
+    assert tall_rows(InputFeatures(seqused_k=True, split_kv=True), False, 4096)
