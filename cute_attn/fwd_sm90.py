@@ -253,7 +253,7 @@ def _plan(
     kp = _kernel_problem(p, pack)
     rows, heads = (group, p.num_heads_kv) if pack else (max_seqlen_q, p.num_heads)
     page_size = p.page_size if features.paged_kv else 0
-    tall = tall_rows(features, pack, max_seqlen_q)
+    tall = tall_rows(kp, features, pack, max_seqlen_q)
     splits = _num_splits(
         p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, page_size, batch,
         rows, heads, seqlen_k, _num_sms(device_index), tall,
@@ -272,11 +272,14 @@ def _plan(
     )
 
 
-def tall_rows(features: InputFeatures, pack: bool, max_seqlen_q: int) -> bool:
-    """Whether a launch takes the tuning table's long-query variant (`tall`): dense query rows
-    of a length tile_config.fills_tall_tiles accepts. Packed sequences (cu_seqlens_q) pad
-    each sequence's last tile, so they keep the default row count, as packed decode does."""
-    return not pack and not features.cu_seqlens_q and fills_tall_tiles(max_seqlen_q)
+def tall_rows(kp: AttnProblem, features: InputFeatures, pack: bool, max_seqlen_q: int) -> bool:
+    """Whether a launch of kernel problem kp takes the tuning table's long-query variant
+    (`tall`): dense query rows of a length tile_config.fills_tall_tiles accepts. Packed
+    sequences (cu_seqlens_q) pad each sequence's last tile, so they keep the default row
+    count, as packed decode does."""
+    if pack or features.cu_seqlens_q:
+        return False
+    return fills_tall_tiles(max_seqlen_q, kp.has_window)
 
 
 def _kernel_problem(p: AttnProblem, pack: bool) -> AttnProblem:

@@ -35,6 +35,7 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d64-16k": (1, 16384, 16384, 32, 64, False, False),
     "d64-16k-causal": (1, 16384, 16384, 32, 64, True, False),
     "d64-4k": (4, 4096, 4096, 32, 64, False, False),
+    "d64-4k-causal": (4, 4096, 4096, 32, 64, True, False),
     "d64-1k": (16, 1024, 1024, 32, 64, False, False),
     "d256-16k": (1, 16384, 16384, 8, 256, False, False),
     "d256-16k-causal": (1, 16384, 16384, 8, 256, True, False),
@@ -84,7 +85,7 @@ def main():
         b, sq, sk, h, d, causal, decode = SHAPES[shape]
         # the variant the library runs for this shape (tall: the long-query bucket)
         base = fwd_tile_config(
-            d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq)
+            d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq, causal)
         )
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from cute_attn import flash_attn_func, last_dispatch
+from cute_attn.arch.common.seqlen import InputFeatures
 from cute_attn.reference import attention_ref
 
 from gpu_cases import SWEEP_MODES, assert_matches, attn_inputs, mode_kwargs, sweep_batch
@@ -55,18 +56,33 @@ def test_fwd_gqa_windows(h, hkv, window, causal):
            window_size=window)  # fmt: skip
 
 
+def _check_tall(b, sq, sk, h, hkv, dtype, **kw):
+    # long query rows take the 192-row, three-consumer-warpgroup D=64 variant
+    from cute_attn.fwd_sm90 import tall_rows
+    from cute_attn.validation import validate_dense
+
+    q, k, v = attn_inputs(b, sq, sk, h, hkv, 64, 64, dtype)
+    p = validate_dense(q, k, v, softmax_scale=None, causal=kw.get("causal", False),
+                       window_size=kw.get("window_size", (None, None)),
+                       softcap=kw.get("softcap", 0.0), num_splits=0, pack_gqa=None,
+                       deterministic=False)  # fmt: skip
+    assert tall_rows(p, InputFeatures(), False, sq)
+    _check(q, k, v, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("sq,sk", [(3001, 3001), (2048, 3001), (2100, 700), (4224, 4224)])
-@pytest.mark.parametrize("mode", SWEEP_MODES)
-def test_fwd_tall_d64(dtype, sq, sk, mode):
-    # long query rows take the 192-row, three-consumer-warpgroup D=64 variant
-    from cute_attn.arch.common.seqlen import InputFeatures
-    from cute_attn.fwd_sm90 import tall_rows
+def test_fwd_tall_d64(dtype, sq, sk):
+    _check_tall(1 if sq * sk > 8_000_000 else 2, sq, sk, 6, 2, dtype)
 
-    assert tall_rows(InputFeatures(), False, sq)
-    b = 1 if sq * sk > 8_000_000 else 2
-    _check(*attn_inputs(b, sq, sk, 6, 2, 64, 64, dtype), **mode_kwargs(mode))
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk", [(16384, 16384), (16500, 16000)])
+@pytest.mark.parametrize("mode", ["causal", "window", "softcap"])
+def test_fwd_tall_d64_masked(sq, sk, mode):
+    # under a mask the tall variant starts at 16k rows
+    _check_tall(1, sq, sk, 2, 1, torch.bfloat16, **mode_kwargs(mode))
 
 
 @pytest.mark.gpu

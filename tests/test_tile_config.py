@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cute_attn.arch.common.seqlen import InputFeatures
 from cute_attn.arch.sm90.tile_config import fills_tall_tiles, fwd_tile_config
 from cute_attn.fwd_sm90 import tall_rows
+from cute_attn.problem import AttnProblem
+
+PLAIN = AttnProblem(
+    batch=1, seqlen_q=4096, seqlen_k=4096, num_heads=8, num_heads_kv=8, head_dim=64,
+    head_dim_v=64, dtype="bfloat16", device_type="cuda", device_index=0, softmax_scale=0.125,
+    causal=False, window_left=-1, window_right=-1, softcap=0.0,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -16,7 +25,9 @@ from cute_attn.fwd_sm90 import tall_rows
 )  # fmt: skip
 def test_fills_tall_tiles(sq, tall):
     # >= 2048 rows, padded to 192 by at most 4% more than to 128 (2500: 2688 vs 2560 rows)
-    assert fills_tall_tiles(sq) is tall
+    assert fills_tall_tiles(sq, masked=False) is tall
+    # under a mask from 16k rows (4k causal measured a loss)
+    assert fills_tall_tiles(sq, masked=True) is (tall and sq >= 16384)
 
 
 def test_tall_only_changes_d64():
@@ -34,8 +45,13 @@ def test_tall_only_changes_d64():
 
 def test_tall_rows_only_for_dense_query_rows():
     dense, packed = InputFeatures(), InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
-    assert tall_rows(dense, False, 4096)
-    assert not tall_rows(dense, True, 4096)  # packed decode view
-    assert not tall_rows(packed, False, 4096)  # varlen: each sequence pads its last tile
-    assert not tall_rows(dense, False, 1024)
-    assert tall_rows(InputFeatures(seqused_k=True, split_kv=True), False, 4096)
+    assert tall_rows(PLAIN, dense, False, 4096)
+    assert not tall_rows(PLAIN, dense, True, 4096)  # packed decode view
+    assert not tall_rows(PLAIN, packed, False, 4096)  # varlen: each sequence pads its last tile
+    assert not tall_rows(PLAIN, dense, False, 1024)
+    assert tall_rows(PLAIN, InputFeatures(seqused_k=True, split_kv=True), False, 4096)
+    causal = dataclasses.replace(PLAIN, causal=True, window_right=0)
+    assert not tall_rows(causal, dense, False, 4096)
+    assert tall_rows(causal, dense, False, 16384)
+    window = dataclasses.replace(PLAIN, window_left=100)
+    assert not tall_rows(window, dense, False, 4096)

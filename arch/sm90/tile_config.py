@@ -63,11 +63,15 @@ class FwdTileConfig:
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
-def fills_tall_tiles(seqlen_q: int) -> bool:
-    """Whether a dense query length suits 192-row tiles: long (the 192-row D=64 variant was
-    measured at 4k and 16k and loses at 1k) and padded to a multiple of 192 by at most 4% more
-    rows than to a multiple of 128 (1024 rows become 1152, 12.5% more, and cost 5%)."""
-    return seqlen_q >= 2048 and -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
+def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
+    """Whether a dense query length suits 192-row tiles (the D=64 `tall` variant): padded to a
+    multiple of 192 by at most 4% more rows than to a multiple of 128 (1024 rows become 1152,
+    12.5% more, and cost 5%), and long enough where measured to win: >= 2048 rows without a
+    mask (+2% at 4k, +6.5% at 16k), >= 16384 under a causal or window mask (+2% at 16k, -2.5%
+    at 4k; 8k not measured). tune_d64_tiles_h200.json, tune_d64_tall_causal_h200.json."""
+    if seqlen_q < (16384 if masked else 2048):
+        return False
+    return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
 
 def fwd_tile_config(
@@ -118,9 +122,11 @@ def _dense_tile_config(
         # 192 x 128 with three consumer warpgroups and no intra-warpgroup overlap (with overlap
         # it spills 57 registers at the 160 a consumer gets; without, none). Against the
         # 128 x 128 variant below, round-robin (tune_d64_tiles_h200.json, TFLOP/s): 16k 478 vs
-        # 449, 16k causal 468 vs 457, 4k 438 vs 429; but 1k 345 vs 363 (padding to 1152 rows),
-        # hence only for tall query lengths. Also measured there and lost everywhere: tile_n
-        # 160 / 176 (two warpgroups; -11..-18% at 1k and causal), 192 x 96 (3 stages or 2).
+        # 449, 16k causal 468 vs 457, 4k 438 vs 429; but 1k 345 vs 363 (padding to 1152 rows)
+        # and 4k causal 378 vs 387 (tune_d64_tall_causal_h200.json), hence only for the query
+        # lengths fills_tall_tiles accepts. Also measured there and lost everywhere: tile_n
+        # 160 / 176 (two warpgroups; -11..-18% at 1k and causal), 192 x 96 (3 stages or 2);
+        # 192 x 128 with 3 stages: equal to 2 stages (443 vs 442 at 4k).
         return FwdTileConfig(
             tile_m=192, num_mma_warpgroups=3, pingpong=False, intra_wg_overlap=False
         )
