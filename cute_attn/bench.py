@@ -288,6 +288,24 @@ def cuda_driver_version() -> str | None:
     return None
 
 
+def sources_sha256() -> str:
+    """sha256 (first 16 hex digits) over the host package's and the kernels' *.py files, by
+    relative path and content: `python -c "from cute_attn.bench import sources_sha256 as f;
+    print(f())"` on a checkout tells whether a JSON came from it."""
+    import hashlib
+
+    from .cache import _arch_dir
+
+    h = hashlib.sha256()
+    for root in (Path(__file__).resolve().parent, _arch_dir()):
+        if root is None:
+            continue
+        for path in sorted(root.rglob("*.py"), key=lambda q: q.relative_to(root).as_posix()):
+            if "__pycache__" not in path.parts:
+                h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def git_commit() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
@@ -327,7 +345,10 @@ def environment(device) -> dict:
         "cutlass_dsl": dist_version("nvidia-cutlass-dsl"),
         "flash_attn_4": dist_version("flash-attn-4", "flash_attn_4"),
         "cute_attn": getattr(cute_attn, "__version__", None),
+        # on the lent GPU machine the checkout's .git can lag the copied working tree (it read
+        # c3b9c05-dirty for later code): sources_sha256 identifies the code that ran
         "git_commit": git_commit(),
+        "sources_sha256": sources_sha256(),
     }
 
 
