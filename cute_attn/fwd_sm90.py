@@ -181,6 +181,7 @@ def paged_route(p: AttnProblem) -> str | None:
         return None
     pack = p.kvcache and _pack_decode(p, p.seqlen_q)  # as run_fwd_kvcache decides it
     kp = _kernel_problem(p, pack)
+    # (the `tall` bucket only changes D=64's row count, never tile_n: no effect on the route)
     cfg = fwd_tile_config(p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack)
     return "tma" if paged_tile_n(cfg.tile_n, p.page_size) is not None else "gather"
 

@@ -15,9 +15,10 @@ each other nor on the accumulator, so they are in flight together. (One split pe
 would serialize one L2 round trip per split.)
 
 Launched with programmatic dependent launch (PDL): its CTAs may become resident while the
-split kernel still runs (that kernel signals `griddepcontrol.launch_dependents` at its start)
+split kernel still runs (that kernel's consumers signal `griddepcontrol.launch_dependents`
+when they reach the epilogue; FwdTileConfig.early_dependents moves the signal to its start)
 and wait in `griddepcontrol.wait` until every split partial is written and visible. That
-hides this launch's latency behind the split kernel's tail.
+hides this launch's latency behind the split kernel's tail (docs/perf/decode_splits_h200.json).
 
 Tensors: o_part (splits, batch, seq, heads, dv) fp32, lse_part (splits, batch, heads, seq)
 fp32, out (batch, seq, heads, dv) in the output dtype, lse (batch, heads, seq) fp32.
