@@ -617,14 +617,16 @@ def _reduce_groups(g, heads_kv: int):
     return g.reshape(b, s, heads_kv, h // heads_kv, d).sum(3) if h != heads_kv else g
 
 
-def _capture(fn):
-    """(graph, output) of fn captured on a side stream after a warm-up call there."""
+def capture_graph(fn, warmup: int = 1):
+    """(graph, output) of fn captured on a side stream after `warmup` calls there (compiles and
+    allocator pools settle outside the capture). Also used by scripts/."""
     import torch
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for _ in range(warmup):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -700,7 +702,7 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
         elif getattr(args, "graph", False):
             # GPU time only: each set's call captured once in a CUDA graph, then replayed
             try:
-                graphs = [_capture(c[1]) for c in cands]
+                graphs = [capture_graph(c[1]) for c in cands]
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the call
                 return {**res, "status": "error", "note": f"graph capture: {type(e).__name__}: "
                         f"{e}"[:500]}  # fmt: skip

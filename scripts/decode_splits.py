@@ -23,14 +23,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import statistics
 
 import torch
 
 import cute_attn
 import cute_attn.fwd_sm90 as fwd_sm90
 from cute_attn.arch.sm90.compile import compile_split_combine
-from cute_attn.bench import environment
+from cute_attn.bench import capture_graph, environment, median_p95
 from cute_attn.reference import attention_ref
 
 INNER = 10
@@ -43,16 +42,13 @@ ROWS = {  # name: (batch, seqlen_k, split counts to sweep)
 
 
 def _graph_ms(fn, reps: int, inner: int = INNER) -> tuple[float, float]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """(median, p95) ms per call: a graph of `inner` back-to-back calls, events per replay."""
+
+    def calls():
         for _ in range(inner):
             fn()
+
+    graph, _ = capture_graph(calls, warmup=3)
     for _ in range(3):
         graph.replay()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -62,8 +58,7 @@ def _graph_ms(fn, reps: int, inner: int = INNER) -> tuple[float, float]:
         graph.replay()
         ends[i].record()
     torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
-    return statistics.median(t), t[min(len(t) - 1, int(0.95 * len(t)))]
+    return median_p95(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
 
 
 class _TableSwap:

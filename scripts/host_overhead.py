@@ -17,6 +17,7 @@ import time
 import torch
 
 import cute_attn
+from cute_attn.bench import capture_graph
 
 
 def _events(fn, reps=50):
@@ -44,16 +45,8 @@ def _host(fn, reps=200):
 
 
 def _graph(fn, reps=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return _events(g.replay, reps)
+    graph, _ = capture_graph(fn, warmup=3)
+    return _events(graph.replay, reps)
 
 
 def _breakdown(q, k, v) -> dict:

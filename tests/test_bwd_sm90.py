@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from compile_snippet import run_json_snippet
 
 from cute_attn import flash_attn_func, last_backward_dispatch
 from cute_attn.reference import attention_ref
@@ -221,16 +222,7 @@ print(json.dumps(rows))
 
 @pytest.mark.compile
 def test_compile_bwd_aux_kernels(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))
-    res = subprocess.run([sys.executable, "-c", _AUX_SNIPPET], capture_output=True, text=True,
-                         env=env, timeout=900)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
-    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = run_json_snippet(_AUX_SNIPPET, tmp_path)
     assert len(rows) == 8
     for r in rows:
         if not r["sass"]:

@@ -8,12 +8,9 @@ the output dtype. lse is compared in fp32 (both -inf on empty rows).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from compile_snippet import run_json_snippet
 
 from cute_attn import flash_attn_func, last_dispatch
 from cute_attn.arch.common.seqlen import InputFeatures
@@ -176,15 +173,7 @@ print(json.dumps(rows))
     "head_dims,dtypes", [("64,96,128,192,256", "bf16"), ("64,96,128,192,256", "fp16")]
 )
 def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
-    env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))
-    res = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SNIPPET, head_dims, dtypes],
-        capture_output=True, text=True, env=env, timeout=1800,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
-    import json
-
-    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = run_json_snippet(_COMPILE_SNIPPET, tmp_path, head_dims, dtypes, timeout=1800)
     assert rows, "no variant compiled"
     for r in rows:
         assert r["ok"], r

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from compile_snippet import run_json_snippet
 
 import cute_attn
 from cute_attn import (
@@ -436,16 +437,7 @@ print(json.dumps(rows))
 
 @pytest.mark.compile
 def test_compile_split_combine(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))
-    res = subprocess.run([sys.executable, "-c", _COMBINE_SNIPPET], capture_output=True,
-                         text=True, env=env, timeout=900)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
-    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = run_json_snippet(_COMBINE_SNIPPET, tmp_path)
     assert len(rows) == 10
     for r in rows:
         if not r["sass"]:
