@@ -184,3 +184,25 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
         # row-predicated stores (aot.DIRECT_STORE_INPUTS)
         direct = any(tag in r["name"] for tag in (" split", " varlen"))
         assert r["instructions"].get("UTMASTG", False) != direct or "sm90_bwd" in r["name"], r
+
+
+_PTX_SNIPPET = r"""
+import json, os, sys
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+d = int(sys.argv[1])
+spec = FwdSpec("bfloat16", d, d, 8, 8, False, False, False, fwd_tile_config(d, d, False, False))
+ptx = compile_fwd(spec, "--keep-ptx").__ptx__
+print(json.dumps({"tile_n": spec.config.tile_n, "packed": ptx.count("cvt.rn.bf16x2.f32"),
+                  "scalar": ptx.count("cvt.rn.bf16.f32")}))
+"""
+
+
+@pytest.mark.compile
+def test_p_conversion_is_packed_for_odd_column_groups(tmp_path):
+    # tile_n = 80 (D=256): 10 column groups of 8 per accumulator row, where the DSL's
+    # .load().to() converted P one element at a time (arch/common/convert.py)
+    r = run_json_snippet(_PTX_SNIPPET, tmp_path, "256", timeout=600)
+    assert r["tile_n"] % 32 != 0, r
+    assert r["scalar"] == 0 and r["packed"] > 0, r

@@ -33,7 +33,7 @@ def test_fills_tall_tiles(sq, tall):
 def test_tall_only_changes_d64():
     for causal, local in ((False, False), (True, False), (False, True)):
         tall = fwd_tile_config(64, 64, causal, local, tall=True)
-        assert (tall.tile_m, tall.num_mma_warpgroups, tall.intra_wg_overlap) == (192, 3, False)
+        assert (tall.tile_m, tall.num_mma_warpgroups, tall.intra_wg_overlap) == (192, 3, True)
         assert fwd_tile_config(64, 64, causal, local).tile_m == 128
         # same key tile: fwd_sm90.paged_route decides the paged route without the bucket
         assert tall.tile_n == fwd_tile_config(64, 64, causal, local).tile_n

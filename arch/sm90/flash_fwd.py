@@ -44,6 +44,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ..common.convert import convert_pairs
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
 from ..common.seqlen import InputFeatures, SeqInfo
@@ -138,6 +139,8 @@ class FlashFwdSm90:
         self.num_stages = cfg.num_stages
         # ping-pong pairs exactly two consumer warpgroups (the tuning table decides when)
         self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups == 2
+        # rescaling O before the next PV GEMM only hides under S(j+1) with the overlap
+        self.rescale_before_pv = cfg.rescale_before_pv and cfg.intra_wg_overlap
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -567,8 +570,11 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.has_softcap):
                 apply_softcap(acc_s, score_premul)
             mask.apply(acc_s, tScS, m_block, n_block)
-            softmax.step(acc_s, is_first=True)
-            tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+            # with rescale_before_pv the scale of tile j is applied in the next iteration, while
+            # S(j+1) runs on the tensor cores; the first tile's is 1 (acc_o is still zero)
+            pending_scale = cute.make_rmem_tensor(num_rows, Float32)
+            pending_scale.store(softmax.step(acc_s, is_first=True).load())
+            convert_pairs(acc_as_operand_a(acc_s), tOrP)
             if cutlass.const_expr(self.features.clean_v_tail):
                 if n_max * self.tile_n > mask.seqlen_k:
                     self._zero_v_tail(sV, pipe_v, kv_state, mask.seqlen_k - n_block * self.tile_n)
@@ -585,6 +591,10 @@ class FlashFwdSm90:
                     self._sched_arrive(wg)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
+                if cutlass.const_expr(self.rescale_before_pv):
+                    # the FMULs on acc_o overlap S(j) (which does not touch acc_o); the PV
+                    # GEMM below needs them done, which the wgmma fence before it orders
+                    softmax.rescale(acc_o, pending_scale)
                 pipe_v.consumer_wait(v_state)
                 gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
                 if cutlass.const_expr(self.config.intra_wg_overlap):
@@ -603,11 +613,16 @@ class FlashFwdSm90:
                 if cutlass.const_expr(self.config.intra_wg_overlap):
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
-                softmax.rescale(acc_o, row_scale)
-                tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+                if cutlass.const_expr(self.rescale_before_pv):
+                    pending_scale.store(row_scale.load())
+                else:
+                    softmax.rescale(acc_o, row_scale)
+                convert_pairs(acc_as_operand_a(acc_s), tOrP)
                 v_state = kv_state.clone()
                 kv_state.advance()
             # ---- last P V
+            if cutlass.const_expr(self.rescale_before_pv):
+                softmax.rescale(acc_o, pending_scale)
             pipe_v.consumer_wait(v_state)
             gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
             warpgroup.wait_group(0)

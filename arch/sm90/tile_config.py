@@ -22,6 +22,9 @@ class FwdTileConfig:
     num_mma_warpgroups: int = 2
     # issue S(j) = Q K(j)^T before P(j-1) V(j-1) so softmax(j) runs while PV is in flight
     intra_wg_overlap: bool = True
+    # with the overlap: rescale O by tile j's row scale in iteration j+1, after S(j+1) is
+    # issued and before P(j) V(j), so the FMULs run under the QK GEMM instead of after PV
+    rescale_before_pv: bool = False
     # order the two consumer warpgroups' GEMM issue through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
@@ -119,17 +122,18 @@ def _dense_tile_config(
         # 0.084-0.096 vs 0.078 ms (-8 to -23%, a one-wave split grid): not adopted.
         return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
     if head_dim <= 64 and tall:
-        # 192 x 128 with three consumer warpgroups and no intra-warpgroup overlap (with overlap
-        # it spills 57 registers at the 160 a consumer gets; without, none). Against the
-        # 128 x 128 variant below, round-robin (tune_d64_tiles_h200.json, TFLOP/s): 16k 478 vs
-        # 449, 16k causal 468 vs 457, 4k 438 vs 429; but 1k 345 vs 363 (padding to 1152 rows)
-        # and 4k causal 378 vs 387 (tune_d64_tall_causal_h200.json), hence only for the query
-        # lengths fills_tall_tiles accepts. Also measured there and lost everywhere: tile_n
-        # 160 / 176 (two warpgroups; -11..-18% at 1k and causal), 192 x 96 (3 stages or 2);
-        # 192 x 128 with 3 stages: equal to 2 stages (443 vs 442 at 4k).
-        return FwdTileConfig(
-            tile_m=192, num_mma_warpgroups=3, pingpong=False, intra_wg_overlap=False
-        )
+        # 192 x 128 with three consumer warpgroups (160 registers each; the current kernel is
+        # spill-free with the overlap, an older one spilled 57 registers). Round-robin, TFLOP/s
+        # (tune_fwd_overlap_h200.json): with overlap 506 vs 486 without at 16k, 453 vs 441 at
+        # 4k, 16k causal equal (444 / 443). Earlier, without overlap, against the 128 x 128
+        # variant below (tune_d64_tiles_h200.json): 16k 478 vs 449, 16k causal 468 vs 457, 4k
+        # 438 vs 429; but 1k 345 vs 363 (padding to 1152 rows) and 4k causal 378 vs 387
+        # (tune_d64_tall_causal_h200.json); with overlap 1k 362 vs 365, 1k causal 228 vs 264,
+        # 4k causal 379 vs 380 (tune_fwd_overlap_h200.json), hence only for the query lengths
+        # fills_tall_tiles accepts. Also measured and lost everywhere: tile_n 160 / 176 (two
+        # warpgroups; -11..-18% at 1k and causal), 192 x 96 (3 stages or 2); 192 x 128 with 3
+        # stages: equal to 2 stages (443 vs 442 at 4k).
+        return FwdTileConfig(tile_m=192, num_mma_warpgroups=3, pingpong=False)
     if head_dim <= 64:
         # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
         # tile_n 192: 427, and 3 consumer warpgroups (192 x 128, with overlap: spilling): 386
@@ -143,16 +147,19 @@ def _dense_tile_config(
         # (16k: 615 on / 626 off; 1k causal: 292 on / 283 off): kept on. 3 stages: no gain
         # (618 vs 655 in a sequential run). tile_n 176 spills (registers > 240).
         return FwdTileConfig(tile_n=128)
+    # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
+    # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
+    # D=256 16k 722 / 675 / 696, 16k causal 691 / 667 / 688, 4k 666 / 627 / 646, 1k 592 / 565 /
+    # 578; D=192 4k 664 / 640 / 664, 4k causal 563 / 542 / 565. (Overlap lost at D=256 in an
+    # older kernel, 617 vs 672 in tune_switches.json: before the four-way row sum and the
+    # packed P conversion, which tile_n = 80 needs.) rescale_before_pv does not pay: off.
+    # Ping-pong neutral at D=256
+    # (616 vs 617, tune_switches.json): off.
     if head_dim <= 192:
-        # Not measured: 112 keeps 2 K/V stages inside 227 KiB at D=192; overlap and
-        # ping-pong off as measured for D=256 (same register pressure class).
-        return FwdTileConfig(
-            tile_n=112 if head_dim_v > 128 else 128, pingpong=False, intra_wg_overlap=False
-        )
+        # 112 keeps 2 K/V stages inside 227 KiB at D=192
+        return FwdTileConfig(tile_n=112 if head_dim_v > 128 else 128, pingpong=False)
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
-    # Overlap off: 672 vs 617 TFLOP/s at 16k, 649 vs 602 causal (O is 128 registers/thread,
-    # two live S tiles do not pay); ping-pong neutral (616 vs 617): off.
-    return FwdTileConfig(tile_n=80, pingpong=False, intra_wg_overlap=False)
+    return FwdTileConfig(tile_n=80, pingpong=False)
 
 
 def paged_tile_n(tile_n: int, page_size: int) -> int | None:
