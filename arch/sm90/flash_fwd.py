@@ -51,6 +51,7 @@ from ..common.seqlen import InputFeatures, SeqInfo
 from ..common.softmax import OnlineSoftmax
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import (
+    L2_BYTES_SM90,
     SMEM_BYTES_PER_SM_SM90,
     SMEM_BYTES_SM90,
     SUPPORTED_HEAD_DIMS,
@@ -137,8 +138,12 @@ class FlashFwdSm90:
             raise ValueError("paged_kv maps batch rows to pages itself: no kv_batch_idx")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
-        # ping-pong pairs exactly two consumer warpgroups (the tuning table decides when)
-        self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups == 2
+        # ping-pong: the consumer warpgroups take turns round-robin (the table decides when)
+        self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups >= 2
+        # L2 sections reorder a dense grid only (the inference layouts keep their grid order)
+        self.l2_sections = (
+            cfg.lpt_l2_sections and cfg.lpt_order and self.has_right and feats == InputFeatures()
+        )
         # rescaling O before the next PV GEMM only hides under S(j+1) with the overlap
         self.rescale_before_pv = cfg.rescale_before_pv and cfg.intra_wg_overlap
 
@@ -344,7 +349,9 @@ class FlashFwdSm90:
             batch = batch // num_splits
         if cutlass.const_expr(feats.batch_order):
             batch = mBatchOrder[batch]
-        if cutlass.const_expr(self.config.lpt_order and self.has_right):
+        if cutlass.const_expr(self.l2_sections):
+            m_block, head, batch = self._l2_section_coords(mK.shape[0])
+        elif cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
         seq = SeqInfo.create(
             feats, batch, mQ.shape[0], mK.shape[0], mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
@@ -633,8 +640,8 @@ class FlashFwdSm90:
                 self._sched_wait(wg)
                 self._sched_arrive(wg)
         if cutlass.const_expr(self.use_pingpong):
-            # warpgroup 1's last arrive on warpgroup 0's barrier has no partner yet: complete it
-            # so no named barrier is left half-arrived
+            # the last warpgroup's last arrive on warpgroup 0's barrier has no partner yet:
+            # complete it so no named barrier is left half-arrived
             if wg == 0:
                 self._sched_wait(wg)
 
@@ -788,13 +795,48 @@ class FlashFwdSm90:
         )
 
     @cute.jit
+    def _l2_section_coords(self, seqlen_k: Int32):
+        """(m_block, head, batch) of this CTA in LPT order within L2 sections: the grid's
+        (head, batch) pairs are cut into sections of as many heads as fit their K and V in L2
+        (a power of two), and inside a section the CTAs go query-tile-major, longest first
+        (every head's last query tile, then every head's second last, ...). Plain LPT
+        (`lpt_order` alone) reverses the query tiles of one head after another, so the
+        longest tiles of the last heads are dispatched near the end of the grid."""
+        bx, by, bz = cute.arch.block_idx()
+        num_m, num_h, num_b = cute.arch.grid_dim()
+        linear = bx + num_m * (by + num_h * bz)
+        head_bytes = cutlass.Int64(seqlen_k) * ((self.head_dim + self.head_dim_v) * 2)
+        fit = cutlass.Int64(L2_BYTES_SM90) // cutlass.max(head_bytes, cutlass.Int64(1))
+        width = Int32(1)
+        for _ in cutlass.range_constexpr(10):  # sections of up to 1024 heads
+            width = Int32(cutlass.select_(cutlass.Int64(width * 2) <= fit, width * 2, width))
+        num_hb = num_h * num_b
+        width = cutlass.min(width, num_hb)
+        section = linear // (width * num_m)
+        within = linear - section * width * num_m
+        full = num_hb // width
+        # the last section holds the remainder of the (head, batch) pairs
+        cur = Int32(cutlass.select_(section < full, width, num_hb - full * width))
+        m_rev = within // cur
+        hb = section * width + (within - m_rev * cur)
+        batch = hb // num_h
+        return num_m - 1 - m_rev, hb - batch * num_h, batch
+
+    @cute.jit
     def _sched_wait(self, wg: Int32):
         if cutlass.const_expr(self.use_pingpong):
             cute.arch.barrier(barrier_id=self.roles.bar_sched_first + wg, number_of_threads=2 * 128)
 
     @cute.jit
     def _sched_arrive(self, wg: Int32):
+        # hand the turn to the next warpgroup (round-robin over all consumers): one waiter and
+        # one arriver per barrier phase, hence 2 x 128 threads whatever the warpgroup count
         if cutlass.const_expr(self.use_pingpong):
+            nxt = wg + 1
+            if cutlass.const_expr(self.config.num_mma_warpgroups == 2):
+                nxt = 1 - wg
+            else:
+                nxt = Int32(cutlass.select_(nxt == self.config.num_mma_warpgroups, 0, nxt))
             cute.arch.barrier_arrive(
-                barrier_id=self.roles.bar_sched_first + (1 - wg), number_of_threads=2 * 128
+                barrier_id=self.roles.bar_sched_first + nxt, number_of_threads=2 * 128
             )

@@ -12,6 +12,7 @@ import dataclasses
 
 SMEM_BYTES_SM90 = 227 * 1024  # opt-in dynamic smem per CTA on H100/H200
 SMEM_BYTES_PER_SM_SM90 = 228 * 1024  # per SM, shared by resident CTAs (1 KiB reserved each)
+L2_BYTES_SM90 = 50 * 1024 * 1024  # H100 SXM / H200 L2 (the K/V working set of lpt_l2_sections)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,9 @@ class FwdTileConfig:
     rescale_threshold: float = 0.0
     # reverse m-block order for causal/local so the longest CTAs start first (LPT)
     lpt_order: bool = True
+    # with lpt_order on a dense causal/local grid: longest-first across the heads of an L2
+    # section (as many heads as fit K/V in L2), not one head after another
+    lpt_l2_sections: bool = False
     # compute every k-th exponential with FMA-pipe instructions (0 = all on the SFU)
     exp2_emu_every: int = 0
     # resident CTAs per SM (registers and smem split between them): 2 lets one CTA's prologue
@@ -133,19 +137,32 @@ def _dense_tile_config(
         # fills_tall_tiles accepts. Also measured and lost everywhere: tile_n 160 / 176 (two
         # warpgroups; -11..-18% at 1k and causal), 192 x 96 (3 stages or 2); 192 x 128 with 3
         # stages: equal to 2 stages (443 vs 442 at 4k).
-        return FwdTileConfig(tile_m=192, num_mma_warpgroups=3, pingpong=False)
+        # Ping-pong round-robin over the three warpgroups and LPT over L2 sections of heads
+        # (tune_fwd_pingpong_l2_h200.json, round-robin, TFLOP/s; base / ping-pong / L2
+        # sections / both): 16k 496 / 517 / 494 / 514, 4k 451 / 472 / 450 / 472 (sections only
+        # act under a mask), 16k causal 433 / 464 / 464 / 498.
+        return FwdTileConfig(tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True)
     if head_dim <= 64:
-        # D=64, 16k: ping-pong off 445 vs on 434 TFLOP/s; overlap off 388 (keep on);
+        # D=64, 16k (now the tall tile's): ping-pong off 445 vs on 434 TFLOP/s; overlap off 388;
         # tile_n 192: 427, and 3 consumer warpgroups (192 x 128, with overlap: spilling): 386
         # (tune_d64_tiles.json).
         # exp2_emu_every off: every 4th exponential on the FMA pipe costs 8-10%, every 8th
         # 1-2% (16k 456 / 416 / 453 TFLOP/s base / emu4 / emu8; 16k causal 451 / 410 / 442;
         # 4k 433 / 386 / 425; 1k 365 / 337 / 357; tune_exp2_emu_d64_h200.json).
-        return FwdTileConfig(tile_n=128, pingpong=False)
+        # Under a mask ping-pong pays (tune_fwd_pingpong_l2_h200.json, base / ping-pong / L2
+        # sections / both / 3 stages): 4k causal 377 / 395 / 401 / 383 / 391, 1k causal
+        # 262 / 275 / 258 / 250 / 268; unmasked 1k 365 / 361 (off). Local windows are not
+        # measured and follow causal.
+        return FwdTileConfig(tile_n=128, pingpong=causal or local)
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
         # (16k: 615 on / 626 off; 1k causal: 292 on / 283 off): kept on. 3 stages: no gain
-        # (618 vs 655 in a sequential run). tile_n 176 spills (registers > 240).
+        # (618 vs 655 in a sequential run). tune_fwd_pingpong_l2_h200.json (TFLOP/s, base /
+        # tile_n 144 / 160 / 176 / L2 sections / ping-pong off): 16k 613 / 626 / 638 / 635 /
+        # 609 / 627, 4k 588 / 587 / 599 / 593 / 589 / 599, 1k 457 / 423 / 433 / 452 / 457 /
+        # 453, 16k causal 615 / 611 / 623 / 624 / 609 / 605, 4k causal 519 / 503 / 512 / 507 /
+        # 534 / 504, 1k causal 374 / 335 / 342 / 332 / 358 / 353: wider key tiles (spill-free
+        # now) help long unmasked rows only and would need a length bucket; not adopted.
         return FwdTileConfig(tile_n=128)
     # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
     # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
@@ -153,13 +170,18 @@ def _dense_tile_config(
     # 578; D=192 4k 664 / 640 / 664, 4k causal 563 / 542 / 565. (Overlap lost at D=256 in an
     # older kernel, 617 vs 672 in tune_switches.json: before the four-way row sum and the
     # packed P conversion, which tile_n = 80 needs.) rescale_before_pv does not pay: off.
-    # Ping-pong neutral at D=256
-    # (616 vs 617, tune_switches.json): off.
+    # Ping-pong off: neutral at D=256 (616 vs 617, tune_switches.json); with overlap, on vs off
+    # (tune_fwd_pingpong_l2_h200.json): 4k 665 vs 679, 16k causal 669 vs 678, 4k causal 543 vs
+    # 544, 1k causal 400 vs 386. LPT over L2 sections of heads on (same file, base / sections):
+    # D=256 4k causal 544 / 603, 16k causal 678 / 686, 1k causal 386 / 398 (D=192 not
+    # measured, follows D=256).
     if head_dim <= 192:
         # 112 keeps 2 K/V stages inside 227 KiB at D=192
-        return FwdTileConfig(tile_n=112 if head_dim_v > 128 else 128, pingpong=False)
+        return FwdTileConfig(
+            tile_n=112 if head_dim_v > 128 else 128, pingpong=False, lpt_l2_sections=True
+        )
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
-    return FwdTileConfig(tile_n=80, pingpong=False)
+    return FwdTileConfig(tile_n=80, pingpong=False, lpt_l2_sections=True)
 
 
 def paged_tile_n(tile_n: int, page_size: int) -> int | None:
