@@ -34,7 +34,8 @@ def test_tall_only_changes_d64():
     for causal, local in ((False, False), (True, False), (False, True)):
         tall = fwd_tile_config(64, 64, causal, local, tall=True)
         assert (tall.tile_m, tall.num_mma_warpgroups, tall.intra_wg_overlap) == (192, 3, True)
-        assert fwd_tile_config(64, 64, causal, local).tile_m == 128
+        short = fwd_tile_config(64, 64, causal, local)
+        assert (short.tile_m, short.num_mma_warpgroups, short.ctas_per_sm) == (64, 1, 2)
         # same key tile: fwd_sm90.paged_route decides the paged route without the bucket
         assert tall.tile_n == fwd_tile_config(64, 64, causal, local).tile_n
         for d, dv in ((96, 96), (128, 128), (192, 128), (256, 256)):

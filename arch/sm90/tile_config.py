@@ -75,7 +75,9 @@ def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
     multiple of 192 by at most 4% more rows than to a multiple of 128 (1024 rows become 1152,
     12.5% more, and cost 5%), and long enough where measured to win: >= 2048 rows without a
     mask (+2% at 4k, +6.5% at 16k), >= 16384 under a causal or window mask (+2% at 16k, -2.5%
-    at 4k; 8k not measured). tune_d64_tiles_h200.json, tune_d64_tall_causal_h200.json."""
+    at 4k; 8k not measured). tune_d64_tiles_h200.json, tune_d64_tall_causal_h200.json. Those
+    thresholds were measured against the 128-row tile the short-query branch had then; today's
+    64-row two-CTA tile was measured only at 1k and at 4k causal (where it is the one used)."""
     if seqlen_q < (16384 if masked else 2048):
         return False
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
@@ -143,17 +145,18 @@ def _dense_tile_config(
         # act under a mask), 16k causal 433 / 464 / 464 / 498.
         return FwdTileConfig(tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True)
     if head_dim <= 64:
-        # D=64, 16k (now the tall tile's): ping-pong off 445 vs on 434 TFLOP/s; overlap off 388;
-        # tile_n 192: 427, and 3 consumer warpgroups (192 x 128, with overlap: spilling): 386
-        # (tune_d64_tiles.json).
-        # exp2_emu_every off: every 4th exponential on the FMA pipe costs 8-10%, every 8th
-        # 1-2% (16k 456 / 416 / 453 TFLOP/s base / emu4 / emu8; 16k causal 451 / 410 / 442;
-        # 4k 433 / 386 / 425; 1k 365 / 337 / 357; tune_exp2_emu_d64_h200.json).
-        # Under a mask ping-pong pays (tune_fwd_pingpong_l2_h200.json, base / ping-pong / L2
-        # sections / both / 3 stages): 4k causal 377 / 395 / 401 / 383 / 391, 1k causal
-        # 262 / 275 / 258 / 250 / 268; unmasked 1k 365 / 361 (off). Local windows are not
-        # measured and follow causal.
-        return FwdTileConfig(tile_n=128, pingpong=causal or local)
+        # 64-row tiles, one consumer warpgroup, two CTAs per SM (128 launch registers, 56 / 200
+        # budgets): one CTA's prologue (Q and first K/V loads) and epilogue overlap the other's
+        # main loop, which pays where CTAs are short. tune_fwd_2cta_h200.json (round-robin,
+        # TFLOP/s; 128 x 128 two warpgroups with ping-pong under a mask / this / this with 3
+        # stages / this with tile_n 64): 1k 364 / 412 / 408 / 368, 1k causal 276 / 315 / 308 /
+        # 300, 4k causal 366 / 404 / 401 / 361. Not measured against the tall tile at >= 2k
+        # unmasked rows, which keeps those (fills_tall_tiles). Earlier, for the 128 x 128 tile:
+        # ping-pong on under a mask (4k causal 377 -> 395, 1k causal 262 -> 275,
+        # tune_fwd_pingpong_l2_h200.json); exp2_emu_every off (every 4th exponential on the FMA
+        # pipe -8..-10%, every 8th -1..-2%, tune_exp2_emu_d64_h200.json); overlap on (off: 388
+        # vs 445 at 16k, tune_d64_tiles.json).
+        return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, pingpong=False, ctas_per_sm=2)
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
         # (16k: 615 on / 626 off; 1k causal: 292 on / 283 off): kept on. 3 stages: no gain
