@@ -1,10 +1,10 @@
 """fp32 -> fp16/bf16 register conversion, two values per instruction.
 
-`tensor.load().to(dtype)` emits one `cvt.rn.bf16x2.f32` per pair only when the DSL can see
-that the source pairs are contiguous; for accumulator views whose column-group count is not a
-power of two (tile_n = 80, 112, ...) it falls back to one scalar `cvt.rn.bf16.f32` per element
-(40 per S tile at D=256, measured in the PTX). `convert_pairs` always packs: logical elements
-2i and 2i+1 of the source become the two halves of 32-bit register i of the destination.
+On the RS A-operand view of a wgmma accumulator, `tensor.load().to(dtype)` emitted one
+`cvt.rn.bf16x2.f32` per pair at tile_n = 128 but one scalar `cvt.rn.bf16.f32` per element at
+tile_n = 80 (40 per S tile at D=256, read from the PTX; other widths not checked).
+`convert_pairs` always packs: logical elements 2i and 2i+1 of the source become the two halves
+of 32-bit register i of the destination.
 
 Constraint: the destination is a compact register tensor whose logical order is its physical
 order (what `cute.make_rmem_tensor` makes), with an even number of elements; the caller's

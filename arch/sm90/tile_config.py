@@ -26,7 +26,7 @@ class FwdTileConfig:
     # with the overlap: rescale O by tile j's row scale in iteration j+1, after S(j+1) is
     # issued and before P(j) V(j), so the FMULs run under the QK GEMM instead of after PV
     rescale_before_pv: bool = False
-    # order the two consumer warpgroups' GEMM issue through named barriers (ping-pong)
+    # order the consumer warpgroups' GEMM issue round-robin through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
     rescale_threshold: float = 0.0
