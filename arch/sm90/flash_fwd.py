@@ -579,8 +579,10 @@ class FlashFwdSm90:
             mask.apply(acc_s, tScS, m_block, n_block)
             # with rescale_before_pv the scale of tile j is applied in the next iteration, while
             # S(j+1) runs on the tensor cores; the first tile's is 1 (acc_o is still zero)
-            pending_scale = cute.make_rmem_tensor(num_rows, Float32)
-            pending_scale.store(softmax.step(acc_s, is_first=True).load())
+            row_scale = softmax.step(acc_s, is_first=True)
+            if cutlass.const_expr(self.rescale_before_pv):
+                pending_scale = cute.make_rmem_tensor(num_rows, Float32)
+                pending_scale.store(row_scale.load())
             convert_pairs(acc_as_operand_a(acc_s), tOrP)
             if cutlass.const_expr(self.features.clean_v_tail):
                 if n_max * self.tile_n > mask.seqlen_k:
