@@ -206,3 +206,42 @@ def test_p_conversion_is_packed_for_odd_column_groups(tmp_path):
     r = run_json_snippet(_PTX_SNIPPET, tmp_path, "256", timeout=600)
     assert r["tile_n"] % 32 != 0, r
     assert r["scalar"] == 0 and r["packed"] > 0, r
+
+
+_PV_WAIT_SNIPPET = r"""
+import dataclasses, json, os, re, sys, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+cfg = fwd_tile_config(64, 64, False, False, tall=True)
+out = {"table": cfg.pin_pv_wait}
+for pin in (True, False):
+    spec = FwdSpec("bfloat16", 64, 64, 8, 8, False, False, False,
+                   dataclasses.replace(cfg, pin_pv_wait=pin))
+    fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)[^;]*?(?:gsb0, (0x[01]))?\s*;",
+                     _sass(fn.__cubin__))
+    # exponentials between each "S done" wait (gsb0 <= 1) and the next "all done" (gsb0 <= 0)
+    between, n, open_ = [], 0, False
+    for op, depth in ops:
+        if op == "WARPGROUP.DEPBAR.LE" and depth == "0x1":
+            open_, n = True, 0
+        elif op == "WARPGROUP.DEPBAR.LE" and depth == "0x0" and open_:
+            between.append(n); open_ = False
+        elif op == "MUFU.EX2" and open_:
+            n += 1
+    out[str(pin)] = between
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_pin_pv_wait_keeps_softmax_before_the_pv_wait(tmp_path):
+    # with the overlap, softmax(j) should run while P(j-1) V(j-1) is on the tensor cores: every
+    # exponential a thread computes for the S tile (2 rows x tile_n / 4 columns, + 2 row
+    # rescales) sits between the wait for S(j) and the wait for PV. Without pin_pv_wait,
+    # ptxas 13.0 hoists the PV wait to the top of the softmax (0 exponentials before it).
+    r = run_json_snippet(_PV_WAIT_SNIPPET, tmp_path, timeout=900)
+    assert r["table"], r  # the tuning table turns it on for the D=64 192-row tile
+    assert r["True"] and min(r["True"]) >= 2 * 128 // 4, r

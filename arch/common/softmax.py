@@ -115,6 +115,14 @@ class OnlineSoftmax(DslStruct):
         return row_scale
 
     @cute.jit
+    def sum_of_row_sums(self) -> Float32:
+        """This thread's row sums added: >= 0 or NaN, and ready only once every row is."""
+        total = self.row_sum[0]
+        for r in cutlass.range_constexpr(1, self.num_rows):
+            total = total + self.row_sum[r]
+        return total
+
+    @cute.jit
     def rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor):
         o = acc_as_rows_cols(acc_o)
         for r in cutlass.range_constexpr(self.num_rows):

@@ -49,7 +49,7 @@ from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, tr
 from ..common.mask import TileMask, apply_softcap
 from ..common.seqlen import InputFeatures, SeqInfo
 from ..common.softmax import OnlineSoftmax
-from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
+from .primitives import gemm, release_after, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import (
     L2_BYTES_SM90,
     SMEM_BYTES_PER_SM_SM90,
@@ -523,7 +523,9 @@ class FlashFwdSm90:
         score_premul: Float32,
     ):
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
-        wg = tidx // 128  # consumer warpgroup 0 .. N-1 (warp-uniform by construction)
+        # consumer warpgroup 0 .. N-1; marked warp-uniform so the wgmma descriptors derived from
+        # it live in uniform registers (else 16 R2UR moves per iteration sit before the HGMMAs)
+        wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_threads = cute.make_layout(self.config.num_mma_warpgroups, stride=128)
         # wgmma fragments are per warpgroup; coordinates (for masks) are per thread
         wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(wg))
@@ -609,7 +611,8 @@ class FlashFwdSm90:
                 if cutlass.const_expr(self.config.intra_wg_overlap):
                     self._sched_arrive(wg)
                     warpgroup.wait_group(1)  # S(j) done; P(j-1) V(j-1) may still run
-                    pipe_k.consumer_release(kv_state)
+                    if cutlass.const_expr(not self.config.pin_pv_wait):
+                        pipe_k.consumer_release(kv_state)
                 else:
                     # no overlap: P(j-1) V(j-1) completes before softmax(j) rescales O
                     warpgroup.wait_group(0)
@@ -620,6 +623,9 @@ class FlashFwdSm90:
                     mask.apply(acc_s, tScS, m_block, n_block)
                 row_scale = softmax.step(acc_s, is_first=False)
                 if cutlass.const_expr(self.config.intra_wg_overlap):
+                    if cutlass.const_expr(self.config.pin_pv_wait):
+                        # keeps the P V wait below the whole softmax (see release_after)
+                        release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                 if cutlass.const_expr(self.rescale_before_pv):

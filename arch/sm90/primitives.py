@@ -71,4 +71,20 @@ def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int):
     )
 
 
-__all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline"]
+@cute.jit
+def release_after(
+    pipe: pipeline.PipelineTmaAsync, state: pipeline.PipelineState, dep: cutlass.Float32
+):
+    """consumer_release(state), issued only once `dep` is computed.
+
+    ptxas moves a wgmma wait no higher than the mbarrier arrive before it, and it hoists such
+    an arrive (with the wait behind it) above independent math. Predicating the arrive on
+    `dep != -1` ties it to `dep` by data: pass a value computed last in the code the wait
+    should stay behind. The predicate is always true for what this is used with (row sums
+    are >= 0 or NaN, and NaN != -1).
+    """
+    if pipe.is_signaling_thread & (dep != cutlass.Float32(-1.0)):
+        pipe.sync_object_empty.arrive(state.index, pipe.consumer_mask)
+
+
+__all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline", "release_after"]

@@ -26,6 +26,11 @@ class FwdTileConfig:
     # with the overlap: rescale O by tile j's row scale in iteration j+1, after S(j+1) is
     # issued and before P(j) V(j), so the FMULs run under the QK GEMM instead of after PV
     rescale_before_pv: bool = False
+    # with the overlap: release K(j) after softmax(j), by data dependence on the row sums
+    # (arch/sm90/primitives.release_after). ptxas otherwise moves the P(j-1) V(j-1) wait
+    # (and the K arrive before it) to the start of softmax(j), so softmax(j) no longer runs
+    # while the PV GEMM is in flight (seen in the SASS and in ncu's stall samples)
+    pin_pv_wait: bool = False
     # order the consumer warpgroups' GEMM issue round-robin through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
@@ -143,7 +148,12 @@ def _dense_tile_config(
         # (tune_fwd_pingpong_l2_h200.json, round-robin, TFLOP/s; base / ping-pong / L2
         # sections / both): 16k 496 / 517 / 494 / 514, 4k 451 / 472 / 450 / 472 (sections only
         # act under a mask), 16k causal 433 / 464 / 464 / 498.
-        return FwdTileConfig(tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True)
+        # pin_pv_wait on (tune_fwd_pin_h200.json, round-robin, on / off): 16k 524 / 502, 4k
+        # 456 / 440 TFLOP/s. Off everywhere else: D=64 64-row tile 1k 402 / 412, 4k causal
+        # 385 / 403; D=256 4k 654 / 684, 16k causal 678 / 707; D=128 equal within 0.5%.
+        return FwdTileConfig(
+            tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True, pin_pv_wait=True
+        )
     if head_dim <= 64:
         # 64-row tiles, one consumer warpgroup, two CTAs per SM (128 launch registers, 56 / 200
         # budgets): one CTA's prologue (Q and first K/V loads) and epilogue overlap the other's
