@@ -542,7 +542,7 @@ class FlashBwdSm90:
         roles = self.roles
         tm, tn = self.tile_m, self.tile_n
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
-        wg = tidx // 128
+        wg = cute.arch.make_warp_uniform(tidx // 128)  # wgmma descriptors in uniform registers
         wg_threads = cute.make_layout(self.config.num_mma_warpgroups, stride=128)
         wg_sdp = tiled_mma_sdp.get_slice(wg_threads(wg))
         wg_dk = tiled_mma_dk.get_slice(wg_threads(wg))
