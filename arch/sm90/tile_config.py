@@ -149,8 +149,9 @@ def _dense_tile_config(
         # sections / both): 16k 496 / 517 / 494 / 514, 4k 451 / 472 / 450 / 472 (sections only
         # act under a mask), 16k causal 433 / 464 / 464 / 498.
         # pin_pv_wait on (tune_fwd_pin_h200.json, round-robin, on / off): 16k 524 / 502, 4k
-        # 456 / 440 TFLOP/s. Off everywhere else: D=64 64-row tile 1k 402 / 412, 4k causal
-        # 385 / 403; D=256 4k 654 / 684, 16k causal 678 / 707; D=128 equal within 0.5%.
+        # 456 / 440 TFLOP/s; 16k causal 495 / 482 (tune_fwd_pin_d64_causal_h200.json). Off
+        # everywhere else: D=64 64-row tile 1k 402 / 412, 4k causal 385 / 403; D=256 4k 654 /
+        # 684, 16k causal 678 / 707; D=128 equal within 0.5% (D=96/192 not measured).
         return FwdTileConfig(
             tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True, pin_pv_wait=True
         )
