@@ -1,4 +1,4 @@
-"""CPU tests of the SM90 forward tuning table's length bucket (no GPU, no compile)."""
+"""CPU tests of the SM90 forward tuning table: length bucket, switches (no GPU, no compile)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,15 @@ def test_tall_rows_only_for_dense_query_rows():
     assert tall_rows(causal, dense, False, 16384)
     window = dataclasses.replace(PLAIN, window_left=100)
     assert not tall_rows(window, dense, False, 4096)
+
+
+def test_pin_pv_wait_only_for_the_tall_d64_tile():
+    # measured to pay for the 192-row D=64 tile only (docs/perf/tune_fwd_pin_h200.json)
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    for causal, local in ((False, False), (True, False), (False, True)):
+        assert fwd_tile_config(64, 64, causal, local, tall=True).pin_pv_wait
+        for d, dv in ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
+            assert not fwd_tile_config(d, dv, causal, local).pin_pv_wait
+    with pytest.raises(ValueError, match="intra_wg_overlap"):
+        FwdTileConfig(intra_wg_overlap=False, pin_pv_wait=True)

@@ -62,6 +62,8 @@ class FwdTileConfig:
             self.ctas_per_sm == 2 and self.num_mma_warpgroups != 1
         ):
             raise ValueError("ctas_per_sm: 1, or 2 with one consumer warpgroup (register budget)")
+        if self.pin_pv_wait and not self.intra_wg_overlap:
+            raise ValueError("pin_pv_wait orders the overlap's PV wait: needs intra_wg_overlap")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
