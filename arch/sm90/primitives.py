@@ -83,8 +83,8 @@ def release_after(
     should stay behind. The predicate is always true for what this is used with (row sums
     are >= 0 or NaN, and NaN != -1).
     """
-    if pipe.is_signaling_thread & (dep != cutlass.Float32(-1.0)):
-        pipe.sync_object_empty.arrive(state.index, pipe.consumer_mask)
+    if dep != cutlass.Float32(-1.0):
+        pipe.consumer_release(state)
 
 
 __all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline", "release_after"]
