@@ -58,14 +58,11 @@ _dense_memo: dict = {}
 _DENSE_MEMO_MAX = 4096
 
 
-def _typed(x):
-    # type and value: True == 1 and 0.0 == 0 hash alike, but validation tells them apart
-    return (x.__class__, x)
-
-
 def _dense_signature(q, k, v, knobs: tuple) -> tuple | None:
     """The memo key of a dense call, or None when it must take the full path (tensor
-    subclasses such as fake tensors, a window that is not a 2-tuple)."""
+    subclasses such as fake tensors, a window that is not a 2-tuple). The scalar arguments
+    enter with their types: True == 1 and 0.0 == 0 hash alike, but validation tells them
+    apart."""
     if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
         return None
     window = knobs[2]
@@ -74,7 +71,7 @@ def _dense_signature(q, k, v, knobs: tuple) -> tuple | None:
     return (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
         v.dtype, q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
-        _typed(window[0]), _typed(window[1]), *map(_typed, knobs[:2]), *map(_typed, knobs[3:]),
+        *knobs, *window, *map(type, knobs), *map(type, window),
     )  # fmt: skip
 
 
@@ -118,10 +115,12 @@ def flash_attn_func(
         except TypeError:  # an unhashable argument: validation names what is wrong with it
             hit = key = None
         if hit is not None:
-            p, decision = hit
+            p, decision, launch = hit
             dispatch.replay(decision)
             if _needs_grad(q, k, v):
                 return _KernelAttn.apply(q, k, v, p)
+            if launch is not None:
+                return launch(q, k, v)
             from .fwd_sm90 import run_fwd
 
             return run_fwd(q, k, v, p)
@@ -168,14 +167,14 @@ def _backward(
 def _run(q, k, v, p, fallback, memo_key=None):
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
     if d.impl == "sm90_fwd":
+        from .fwd_sm90 import dense_launcher, run_fwd
+
         if memo_key is not None:
             if len(_dense_memo) >= _DENSE_MEMO_MAX:
                 _dense_memo.clear()
-            _dense_memo[memo_key] = (p, d)
+            _dense_memo[memo_key] = (p, d, dense_launcher(q, p))
         if _needs_grad(q, k, v):
             return _KernelAttn.apply(q, k, v, p)
-        from .fwd_sm90 import run_fwd
-
         return run_fwd(q, k, v, p)
     out, lse = reference.attention_ref(
         q, k, v, softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),

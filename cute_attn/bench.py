@@ -634,23 +634,47 @@ def capture_graph(fn, warmup: int = 1):
     return graph, out
 
 
-def _time(fn, n_sets: int, warmup: int, reps: int):
+def _time_rounds(calls, n_sets: int, warmup: int, reps: int) -> list[list[float]]:
+    """CUDA-event times (ms) of each `(context factory, call)` in `calls`, taken in rounds:
+    round r runs every call once, back to back, so every impl sees the same clocks and power
+    state (an H200 under sustained load moves its clocks: timed one impl after another, the
+    same row measured 656 and 699 TFLOP/s in two runs). A running counter picks each call's
+    input set, so no call reads the set the call before it just read (L2 stays cold where the
+    sets allow). Calls are queued without syncs; each call's context (e.g. the SDPA backend)
+    is entered outside its events."""
     import torch
 
-    for i in range(warmup):
-        fn(i % n_sets)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    count = 0
+    for _ in range(warmup):
+        for ctx, fn in calls:
+            with ctx():
+                fn(count % n_sets)
+            count += 1
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(reps)] for _ in calls]  # fmt: skip
     for r in range(reps):
-        starts[r].record()
-        fn(r % n_sets)
-        ends[r].record()
+        for (ctx, fn), ev in zip(calls, events):
+            with ctx():
+                ev[r][0].record()
+                fn(count % n_sets)
+                ev[r][1].record()
+            count += 1
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return [[a.elapsed_time(b) for a, b in ev] for ev in events]
 
 
-def _bench_impl(impl, row, sets, ref, args) -> dict:
-    """Time one impl on one row; returns a result dict (status ok / skip / error)."""
+@dataclasses.dataclass
+class _Prepared:
+    """One impl on one row after its first (compile) call: `call(set_index)` runs it under
+    `context()`; `call` is None when `res` is already final (skip or error)."""
+
+    res: dict
+    context: object = contextlib.nullcontext
+    call: object = None
+
+
+def _prepare_impl(impl, row, sets, args) -> _Prepared:
+    """Build and first-call one impl on one row (the first call = compile, timed apart)."""
     import torch
 
     res = {"impl": impl, "status": "ok", "note": ""}
@@ -658,8 +682,9 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
     try:
         built = [_candidates(impl, row, *s[:3]) for s in sets]
     except Skip as e:
-        return {**res, "status": "skip", "note": str(e)}
-    with built[0][1]():
+        return _Prepared({**res, "status": "skip", "note": str(e)})
+    context = built[0][1]
+    with context():
         # First call = compile (cute_attn / FA4 JIT) or plan build (cuDNN): timed on its own.
         err = None
         for ci, (note, fn0, kv0) in enumerate(built[0][0]):
@@ -676,11 +701,12 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
                 res["note"], chosen = note, ci
                 break
             except NotImplementedError as e:  # dispatch: no kernel serves this row
-                return {**res, "status": "skip", "note": str(e)[:500]}
+                return _Prepared({**res, "status": "skip", "note": str(e)[:500]})
             except Exception as e:  # noqa: BLE001 - the next candidate may work
                 err = e
         else:
-            return {**res, "status": "error", "note": f"{type(err).__name__}: {err}"[:500]}
+            note = f"{type(err).__name__}: {err}"[:500]
+            return _Prepared({**res, "status": "error", "note": note})
         del out0
         if impl == "cute_attn":
             import cute_attn
@@ -691,7 +717,8 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
             res["dispatch_reason"] = getattr(d, "reason", None)
             if res["dispatch"] == "reference":
                 reason = getattr(d, "reason", "")
-                return {**res, "status": "skip", "note": f"dispatched to reference: {reason}"}
+                note = f"dispatched to reference: {reason}"
+                return _Prepared({**res, "status": "skip", "note": note})
         cands = [b[0][chosen] for b in built]
         if bwd:
             outs = [c[1]() for c in cands]  # one graph per set, reused with retain_graph
@@ -704,8 +731,8 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
             try:
                 graphs = [capture_graph(c[1]) for c in cands]
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the call
-                return {**res, "status": "error", "note": f"graph capture: {type(e).__name__}: "
-                        f"{e}"[:500]}  # fmt: skip
+                note = f"graph capture: {type(e).__name__}: {e}"[:500]
+                return _Prepared({**res, "status": "error", "note": note})
             res["note"] = (res["note"] + " graph").strip()
 
             def call(i):
@@ -716,10 +743,19 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
             def call(i):
                 return cands[i][1]()
 
-        times = _time(call, len(sets), args.warmup, args.reps)
+    return _Prepared(res, context, call)
+
+
+def _finish_impl(prep: _Prepared, row, sets, ref, times) -> dict:
+    """Median / p95 / rate of one impl's times, its peak memory and max error (one more call
+    outside the timed rounds)."""
+    import torch
+
+    res = prep.res
+    with prep.context():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        result = call(0)
+        result = prep.call(0)
         torch.cuda.synchronize()
         res["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
     med, p95 = median_p95(times)
@@ -727,13 +763,53 @@ def _bench_impl(impl, row, sets, ref, args) -> dict:
     if row.metric == "tbps":
         res["tbps"] = row.kv_bytes(sets[0][0].element_size()) / (med * 1e-3) / 1e12
     if ref is not None:
-        if bwd:
+        if row.mode == "bwd":
             gq, gk, gv = result
             gk, gv = _reduce_groups(gk, row.heads_kv), _reduce_groups(gv, row.heads_kv)
             res["max_err"] = max(_max_err(g, r) for g, r in zip((gq, gk, gv), ref[1]))
         else:
             res["max_err"] = _max_err(result, ref[0])
     return res
+
+
+def _bench_row(impls, row, sets, ref, args) -> list[dict]:
+    """Every impl on one row: each prepared (compiled, first call), then all timed together in
+    rounds (`_time_rounds`; `--sequential`: one impl's reps after another's, the older method).
+    If the rounds fail (one impl raising mid-run), each impl is timed alone to find it."""
+    preps = []
+    for impl in impls:
+        try:
+            preps.append(_prepare_impl(impl, row, sets, args))
+        except Exception as e:  # noqa: BLE001 - one failure must not end the sweep
+            preps.append(_Prepared({"impl": impl, "status": "error",
+                                    "note": f"{type(e).__name__}: {e}"[:500]}))  # fmt: skip
+    live = [p for p in preps if p.call is not None]
+    n_sets = len(sets)
+    times = None
+    if live and not getattr(args, "sequential", False):
+        try:
+            times = _time_rounds([(p.context, p.call) for p in live], n_sets, args.warmup,
+                                 args.reps)  # fmt: skip
+        except Exception:  # noqa: BLE001 - timed alone below, which names the failing impl
+            times = None
+    if times is None:
+        times = []
+        for p in live:
+            try:
+                times.append(_time_rounds([(p.context, p.call)], n_sets, args.warmup, args.reps)[0])
+            except Exception as e:  # noqa: BLE001
+                times.append(None)
+                p.res.update(status="error", note=f"{type(e).__name__}: {e}"[:500])
+    for p, t in zip(live, times):
+        if t is not None:
+            try:
+                _finish_impl(p, row, sets, ref, t)
+            except Exception as e:  # noqa: BLE001
+                p.res.update(status="error", note=f"{type(e).__name__}: {e}"[:500])
+        for key in ("median_ms", "p95_ms", "tflops", "tbps", "peak_mib", "max_err"):
+            if p.res["status"] != "ok":
+                p.res.pop(key, None)
+    return [p.res for p in preps]
 
 
 def _make_inputs(row: Row, dtype, device, l2_bytes: int, gen):
@@ -921,16 +997,9 @@ def run_bench(args) -> int:
                                     **_row_meta(row, dtype)})  # fmt: skip
                     progress.step(f"{row.name} {impl}")
                 continue
-            for impl in impls:
-                try:
-                    res = _bench_impl(impl, row, sets, ref, args)
-                except Exception as e:  # noqa: BLE001 - one failure must not end the sweep
-                    res = {"impl": impl, "status": "error", "note": f"{type(e).__name__}: {e}"}
-                    res["note"] = res["note"][:500]
-                res = {"row": row.name, **res, **_row_meta(row, dtype)}
-                results.append(res)
-                progress.step(f"{row.name} {impl}")
-                torch.cuda.empty_cache()
+            for res in _bench_row(impls, row, sets, ref, args):
+                results.append({"row": row.name, **res, **_row_meta(row, dtype)})
+                progress.step(f"{row.name} {res['impl']}")
             del sets, ref
             torch.cuda.empty_cache()
             _save(out, payload, results)

@@ -514,6 +514,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time CUDA-graph replays: GPU time only, no host cost (forward rows)",
     )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="time one impl's reps after another's (default: all impls of a row in rounds, "
+        "one call each per round, so they share the GPU's clock and power state)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

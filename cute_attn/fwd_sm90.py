@@ -371,6 +371,36 @@ def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
+def dense_launcher(q, p: AttnProblem):
+    """A launcher `(q, k, v) -> (out, lse)` for later dense calls with q's exact signature
+    (the dense entry's memo holds it), or None when the call needs more than two allocations
+    and one launch: empty sizes, split-KV, or packed decode rows. It runs what run_fwd would,
+    with the plan and every argument that depends only on the signature bound once."""
+    b, sq, h, _ = q.shape
+    if b == 0 or sq == 0 or p.seqlen_k == 0:
+        return None
+    index = q.device.index
+    plan = _plan(p, _DENSE, b, sq, p.seqlen_k, _pack_decode(p, sq), index)
+    if plan.splits > 1 or plan.group > 1:
+        return None
+    fn, tail = plan.fn, (*plan.scalars, None, None, None, None, None, None, None)
+    out_shape, lse_shape, f32 = (b, sq, h, p.head_dim_v), (b, h, sq), torch.float32
+    current = torch.cuda.current_device
+
+    def launch(q, k, v):
+        # new_empty: q's dtype and device, contiguous (the kernel's output layout)
+        out = q.new_empty(out_shape)
+        lse = q.new_empty(lse_shape, dtype=f32)
+        if current() == index:
+            fn(q, k, v, out, lse, *tail)
+        else:  # the launch (and its stream: torch's current one) must be on q's device
+            with torch.cuda.device(index):
+                fn(q, k, v, out, lse, *tail)
+        return out, lse
+
+    return launch
+
+
 def _gather_pages(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
     """(num_pages, page_size, Hkv, D) pages -> (B, max_pages * page_size, Hkv, D), row b the
     pages page_table[b] in order. Entries past a row's used pages may hold anything: they are

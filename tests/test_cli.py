@@ -298,6 +298,48 @@ def test_ratios_and_table():
     assert "error: RuntimeError: boom" in table and "3.50 TB/s" in table
 
 
+def test_bench_row_times_impls_in_rounds(monkeypatch):
+    # every live impl is timed in one _time_rounds call (they share the GPU's state); a skip
+    # stays a skip; when the rounds raise, each impl is timed alone and only the one that
+    # raises is an error
+    preps = {
+        "a": bench._Prepared({"impl": "a", "status": "ok", "note": ""}, call=lambda i: "A"),
+        "b": bench._Prepared({"impl": "b", "status": "skip", "note": "no"}),
+        "c": bench._Prepared({"impl": "c", "status": "ok", "note": ""}, call=lambda i: "C"),
+    }
+    rounds = []
+
+    def time_rounds(calls, n_sets, warmup, reps):
+        rounds.append(len(calls))
+        if len(calls) > 1 and fail:
+            raise RuntimeError("one impl broke")
+        if fail and calls[0][1](0) == "C":
+            raise RuntimeError("c broke")
+        return [[float(k + 1)] * reps for k in range(len(calls))]
+
+    def finish(prep, row, sets, ref, times):
+        prep.res.update(median_ms=times[0])
+        return prep.res
+
+    monkeypatch.setattr(bench, "_prepare_impl", lambda impl, *a: preps[impl])
+    monkeypatch.setattr(bench, "_time_rounds", time_rounds)
+    monkeypatch.setattr(bench, "_finish_impl", finish)
+    args = types.SimpleNamespace(warmup=1, reps=3, sequential=False)
+    fail = False
+    out = bench._bench_row(["a", "b", "c"], None, [None], None, args)
+    assert [r["impl"] for r in out] == ["a", "b", "c"] and rounds == [2]
+    assert out[0]["median_ms"] == 1.0 and out[2]["median_ms"] == 2.0
+    assert out[1]["status"] == "skip"
+    for p in preps.values():
+        p.res.pop("median_ms", None)
+    fail, rounds[:] = True, []
+    out = bench._bench_row(["a", "b", "c"], None, [None], None, args)
+    assert rounds == [2, 1, 1]
+    assert out[0]["status"] == "ok" and out[0]["median_ms"] == 1.0
+    assert out[2]["status"] == "error" and "c broke" in out[2]["note"]
+    assert "median_ms" not in out[2]
+
+
 def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     res = [

@@ -175,6 +175,8 @@ def served_on_cpu(monkeypatch):
     monkeypatch.setattr(api, "validate_dense", counting_validate)
     monkeypatch.setattr(dispatch, "select", select)
     monkeypatch.setattr(fwd_sm90, "run_fwd", run_fwd)
+    # no bound launcher (the default stub): memo hits go through run_fwd, which counts them
+    monkeypatch.setattr(fwd_sm90, "dense_launcher", lambda q, p: calls.get("launcher"))
     api._dense_memo.clear()
     yield calls
     api._dense_memo.clear()
@@ -194,6 +196,26 @@ def test_fast_path_reuses_problem_and_decision(served_on_cpu):
     cute_attn.flash_attn_func(q, k, k, causal=True, softcap=1.0)
     cute_attn.flash_attn_func(q.transpose(1, 2).contiguous().transpose(1, 2), k, k, causal=True)
     assert served_on_cpu["validate"] == 4
+
+
+def test_fast_path_calls_the_bound_launcher(served_on_cpu, monkeypatch):
+    # a memo hit with a launcher (what dense_launcher binds for a one-launch call) runs it
+    # with the call's own tensors, and records the decision again
+    seen = []
+    served_on_cpu["launcher"] = lambda q, k, v: seen.append((q, k, v)) or ("launched",)
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 9, 2, 64, dtype=torch.bfloat16)
+    assert cute_attn.flash_attn_func(q, k, k)[0] == "stub"  # the first call runs run_fwd
+    dispatch._local.decision = None
+    q2 = q.clone()
+    assert cute_attn.flash_attn_func(q2, k, k) == ("launched",)
+    assert len(seen) == 1 and seen[0][0] is q2 and seen[0][1] is k
+    assert served_on_cpu["validate"] == 1 and served_on_cpu["run"] == 1
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    # a call that needs gradients never takes the launcher (autograd wraps run_fwd)
+    monkeypatch.setattr(cute_attn.api._KernelAttn, "apply", lambda *a: ("autograd",))
+    assert cute_attn.flash_attn_func(q.clone().requires_grad_(), k, k) == ("autograd",)
+    assert len(seen) == 1
 
 
 def test_fast_path_keeps_type_errors(served_on_cpu):
