@@ -440,55 +440,83 @@ class FlashFwdSm90:
             kv_state = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Producer, self.num_stages
             )
-            # paged: k / v are (page_size, dim, heads, pages) here and the tuning table made
-            # tile_n divide page_size, so key tile n is tile n % tiles_per_page of page
-            # page_table[row, n / tiles_per_page], one TMA box. The next tile's entry is read
-            # before this tile's copies wait on a free stage, hiding its latency there.
+            # paged: `page` is the page-table entry of the tile being loaded (_load_tile)
             tiles_per_page, page = Int32(1), Int32(0)
             if cutlass.const_expr(paged):
                 tiles_per_page = mK.shape[0] // self.tile_n
                 page = mPageTable[seq.kv_batch, (n_max - 1) // tiles_per_page]
             # key tiles walk right to left: the boundary tile (the one that needs a mask)
             # comes first, so the consumers' first-iteration special case handles it
-            for i in cutlass.range(n_max - n_min, unroll=1):
-                n_block = n_max - 1 - i
-                k_src, v_src = None, None
-                page_next = page
-                if cutlass.const_expr(paged):
-                    # fresh names: the smem side is unchanged and nothing here is loop-carried
-                    _, tKgK_page = tma_tiles(
-                        tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, page)
-                    )
-                    _, tVgV_page = tma_tiles(
-                        tma_atom_V, sV, self._key_tiles(mV, seq, head_kv, page)
-                    )
-                    inner = n_block % tiles_per_page
-                    k_src, v_src = tKgK_page[None, inner], tVgV_page[None, inner]
-                    # clamped to the first tile: read, never used, past the last iteration
-                    next_tile = cutlass.max(n_block - 1, 0)
-                    page_next = mPageTable[seq.kv_batch, next_tile // tiles_per_page]
-                else:
-                    k_src, v_src = tKgK[None, n_block], tVgV[None, n_block]
-                pipe_k.producer_acquire(kv_state)
-                cute.copy(
-                    tma_atom_K,
-                    k_src,
-                    tKsK[None, kv_state.index],
-                    tma_bar_ptr=pipe_k.producer_get_barrier(kv_state),
-                )
-                pipe_v.producer_acquire(kv_state)
-                cute.copy(
-                    tma_atom_V,
-                    v_src,
-                    tVsV[None, kv_state.index],
-                    tma_bar_ptr=pipe_v.producer_get_barrier(kv_state),
-                )
+            kv = (seq, head_kv, tiles_per_page)
+            if cutlass.const_expr(self.config.v_lags_k):
+                # K(n_max - 1); then K(n), V(n + 1) per tile; then V(n_min)
+                self._load_tile(tma_atom_K, mK, sK, tKsK, tKgK, pipe_k, kv_state, n_max - 1,
+                                page, kv)  # fmt: skip
+                for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                    n_block = n_max - 2 - i
+                    page_prev = page
+                    if cutlass.const_expr(paged):
+                        page = mPageTable[seq.kv_batch, n_block // tiles_per_page]
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    self._load_tile(tma_atom_K, mK, sK, tKsK, tKgK, pipe_k, kv_state, n_block,
+                                    page, kv)  # fmt: skip
+                    self._load_tile(tma_atom_V, mV, sV, tVsV, tVgV, pipe_v, v_state,
+                                    n_block + 1, page_prev, kv)  # fmt: skip
+                self._load_tile(tma_atom_V, mV, sV, tVsV, tVgV, pipe_v, kv_state, n_min, page,
+                                kv)  # fmt: skip
                 kv_state.advance()
-                page = page_next
+            else:
+                for i in cutlass.range(n_max - n_min, unroll=1):
+                    n_block = n_max - 1 - i
+                    page_next = page
+                    if cutlass.const_expr(paged):
+                        # read before this tile's copies wait on a free stage (hides its
+                        # latency there); clamped to the first tile past the last iteration
+                        page_next = mPageTable[
+                            seq.kv_batch, cutlass.max(n_block - 1, 0) // tiles_per_page
+                        ]
+                    self._load_tile(tma_atom_K, mK, sK, tKsK, tKgK, pipe_k, kv_state, n_block,
+                                    page, kv)  # fmt: skip
+                    self._load_tile(tma_atom_V, mV, sV, tVsV, tVgV, pipe_v, kv_state, n_block,
+                                    page, kv)  # fmt: skip
+                    kv_state.advance()
+                    page = page_next
             # wait for the last releases before exiting; producer_tail advances the state it
             # is given, so each pipeline gets its own copy
             pipe_k.producer_tail(kv_state.clone())
             pipe_v.producer_tail(kv_state)
+
+    @cute.jit
+    def _load_tile(
+        self,
+        tma_atom: cute.CopyAtom,
+        mX: cute.Tensor,
+        sX: cute.Tensor,
+        tXsX: cute.Tensor,
+        tXgX: cute.Tensor,
+        pipe: pipeline.PipelineAsync,
+        state: pipeline.PipelineState,
+        n_block: Int32,
+        page: Int32,
+        kv: tuple,
+    ):
+        """TMA-load key tile n_block of k or v into `state`'s stage once it is free. Paged: k / v
+        are (page_size, dim, heads, pages) here and the tuning table made tile_n divide
+        page_size, so key tile n is tile n % tiles_per_page of `page` (the page-table entry of
+        tile n), one TMA box."""
+        seq, head_kv, tiles_per_page = kv
+        src = None
+        if cutlass.const_expr(self.features.paged_kv):
+            # fresh names: the smem side is unchanged
+            _, tXgX_page = tma_tiles(tma_atom, sX, self._key_tiles(mX, seq, head_kv, page))
+            src = tXgX_page[None, n_block % tiles_per_page]
+        else:
+            src = tXgX[None, n_block]
+        pipe.producer_acquire(state)
+        cute.copy(
+            tma_atom, src, tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state)
+        )
 
     def _key_tiles(self, mX: cute.Tensor, seq: SeqInfo, head_kv: Int32, kv_batch: Int32):
         """(tile_n, dim, n) key tiles of one head of k or v at a batch index (paged: a page)."""

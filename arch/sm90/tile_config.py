@@ -31,6 +31,10 @@ class FwdTileConfig:
     # (and the K arrive before it) to the start of softmax(j), so softmax(j) no longer runs
     # while the PV GEMM is in flight (seen in the SASS and in ncu's stall samples)
     pin_pv_wait: bool = False
+    # the producer loads K(j+1) before V(j), the order the consumers read them (S(j+1) is
+    # issued before P(j) V(j)); off: K(j), V(j) pairs, so K(j+1) waits behind V(j)'s stage,
+    # which frees only when P(j-2) V(j-2) completes
+    v_lags_k: bool = True
     # order the consumer warpgroups' GEMM issue round-robin through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
