@@ -87,6 +87,27 @@ class TileMask(DslStruct):
         return m_min, m_max
 
     @cute.jit
+    def unmasked_range(self, m_block: Int32, n_lo: Int32, n_hi: Int32):
+        """[a, b) within [n_lo, n_hi): the key tiles of this query tile that need no mask
+        (`tile_needs_mask` is False for every tile in it: inside seqlen_k, left of the right
+        bound, right of the left bound). Tiles in [b, n_hi) and [n_lo, a) may need one. The
+        forward runs the three ranges as separate loops, so the unmasked one carries no mask
+        code and no per-tile branch."""
+        offset = self.seqlen_k - self.seqlen_q
+        b = cutlass.min(n_hi, self.seqlen_k // self.tile_n)
+        if cutlass.const_expr(self.has_right):
+            # tile n ends at (n + 1) * tile_n - 1 <= the first row's right bound
+            edge = m_block * self.tile_m + offset + self.window_right + 1
+            b = cutlass.min(b, cutlass.max(edge, 0) // self.tile_n)
+        b = cutlass.max(b, n_lo)
+        a = n_lo
+        if cutlass.const_expr(self.has_left):
+            # tile n starts at n * tile_n >= the last row's left bound
+            edge = m_block * self.tile_m + self.tile_m - 1 + offset - self.window_left
+            a = cutlass.min(cutlass.max(cute.ceil_div(cutlass.max(edge, 0), self.tile_n), n_lo), b)
+        return a, b
+
+    @cute.jit
     def n_block_end_bwd(self, m_block: Int32):
         """One past the last key tile whose `m_block_range` contains m_block: the right end of
         the key tiles that add into this query tile's dQ in the backward. Unlike

@@ -610,6 +610,7 @@ class FlashFwdSm90:
             # with rescale_before_pv the scale of tile j is applied in the next iteration, while
             # S(j+1) runs on the tensor cores; the first tile's is 1 (acc_o is still zero)
             row_scale = softmax.step(acc_s, is_first=True)
+            pending_scale = None
             if cutlass.const_expr(self.rescale_before_pv):
                 pending_scale = cute.make_rmem_tensor(num_rows, Float32)
                 pending_scale.store(row_scale.load())
@@ -619,50 +620,25 @@ class FlashFwdSm90:
                     self._zero_v_tail(sV, pipe_v, kv_state, mask.seqlen_k - n_block * self.tile_n)
             v_state = kv_state.clone()
             kv_state.advance()
-            # ---- remaining tiles, right to left
-            for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                n_block = n_max - 2 - i
-                acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
-                pipe_k.consumer_wait(kv_state)
-                self._sched_wait(wg)
-                gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
-                if cutlass.const_expr(not self.config.intra_wg_overlap):
-                    self._sched_arrive(wg)
-                    warpgroup.wait_group(0)
-                    pipe_k.consumer_release(kv_state)
-                if cutlass.const_expr(self.rescale_before_pv):
-                    # the FMULs on acc_o overlap S(j) (which does not touch acc_o); the PV
-                    # GEMM below needs them done, which the wgmma fence before it orders
-                    softmax.rescale(acc_o, pending_scale)
-                pipe_v.consumer_wait(v_state)
-                gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
-                if cutlass.const_expr(self.config.intra_wg_overlap):
-                    self._sched_arrive(wg)
-                    warpgroup.wait_group(1)  # S(j) done; P(j-1) V(j-1) may still run
-                    if cutlass.const_expr(not self.config.pin_pv_wait):
-                        pipe_k.consumer_release(kv_state)
-                else:
-                    # no overlap: P(j-1) V(j-1) completes before softmax(j) rescales O
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(v_state)
-                if cutlass.const_expr(self.has_softcap):
-                    apply_softcap(acc_s, score_premul)
-                if mask.tile_needs_mask(m_block, n_block):
-                    mask.apply(acc_s, tScS, m_block, n_block)
-                row_scale = softmax.step(acc_s, is_first=False)
-                if cutlass.const_expr(self.config.intra_wg_overlap):
-                    if cutlass.const_expr(self.config.pin_pv_wait):
-                        # keeps the P V wait below the whole softmax (see release_after)
-                        release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(v_state)
-                if cutlass.const_expr(self.rescale_before_pv):
-                    pending_scale.store(row_scale.load())
-                else:
-                    softmax.rescale(acc_o, row_scale)
-                convert_pairs(acc_as_operand_a(acc_s), tOrP)
-                v_state = kv_state.clone()
-                kv_state.advance()
+            # ---- remaining tiles, right to left: (masked, one past the first tile, count)
+            # segments, so the unmasked middle runs without mask code or a per-tile branch
+            segments = [(None, n_max - 1, n_max - 1 - n_min)]  # None: test each tile
+            if cutlass.const_expr(self.config.split_mask_loops):
+                free_lo, free_hi = mask.unmasked_range(m_block, n_min, n_max - 1)
+                segments = [(False, free_hi, free_hi - free_lo)]
+                # the edge segments test each tile (always masked in practice: a plain
+                # masked loop let ptxas interleave the mask and spill at D=256 causal)
+                if cutlass.const_expr(mask.has_right):
+                    segments.insert(0, (None, n_max - 1, n_max - 1 - free_hi))
+                if cutlass.const_expr(mask.has_left):
+                    segments.append((None, free_lo, free_lo - n_min))
+            for seg in cutlass.range_constexpr(len(segments)):
+                masked, top, count = segments[seg]
+                kv_state, v_state = self._mma_tiles(
+                    tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_shape_s, acc_o, tOrP,
+                    tScS, pending_scale, softmax, pipe_k, pipe_v, kv_state, v_state, mask, wg,
+                    m_block, top, count, masked, score_premul,
+                )  # fmt: skip
             # ---- last P V
             if cutlass.const_expr(self.rescale_before_pv):
                 softmax.rescale(acc_o, pending_scale)
@@ -690,6 +666,84 @@ class FlashFwdSm90:
             tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,
             out_batch,
         )  # fmt: skip
+
+    @cute.jit
+    def _mma_tiles(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_shape_s: tuple,
+        acc_o: cute.Tensor,
+        tOrP: cute.Tensor,
+        tScS: cute.Tensor,
+        pending_scale: cute.Tensor | None,
+        softmax: OnlineSoftmax,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        kv_state: pipeline.PipelineState,
+        v_state: pipeline.PipelineState,
+        mask: TileMask,
+        wg: Int32,
+        m_block: Int32,
+        top: Int32,
+        count: Int32,
+        masked: cutlass.Constexpr,
+        score_premul: Float32,
+    ):
+        """Key tiles top - 1 down to top - count after the first: S(j) = Q K(j)^T, then
+        P(j-1) V(j-1), then softmax(j) (under the PV GEMM with the overlap). `masked`: True
+        masks every tile, False none (the caller proved them fully visible), None tests each
+        tile. Returns the K and V pipeline states for the next tiles."""
+        for i in cutlass.range(count, unroll=1):
+            n_block = top - 1 - i
+            acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
+            pipe_k.consumer_wait(kv_state)
+            self._sched_wait(wg)
+            gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            if cutlass.const_expr(not self.config.intra_wg_overlap):
+                self._sched_arrive(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv_state)
+            if cutlass.const_expr(self.rescale_before_pv):
+                # the FMULs on acc_o overlap S(j) (which does not touch acc_o); the PV
+                # GEMM below needs them done, which the wgmma fence before it orders
+                softmax.rescale(acc_o, pending_scale)
+            pipe_v.consumer_wait(v_state)
+            gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
+            if cutlass.const_expr(self.config.intra_wg_overlap):
+                self._sched_arrive(wg)
+                warpgroup.wait_group(1)  # S(j) done; P(j-1) V(j-1) may still run
+                if cutlass.const_expr(not self.config.pin_pv_wait):
+                    pipe_k.consumer_release(kv_state)
+            else:
+                # no overlap: P(j-1) V(j-1) completes before softmax(j) rescales O
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+            if cutlass.const_expr(self.has_softcap):
+                apply_softcap(acc_s, score_premul)
+            if cutlass.const_expr(masked is None):
+                if mask.tile_needs_mask(m_block, n_block):
+                    mask.apply(acc_s, tScS, m_block, n_block)
+            if cutlass.const_expr(masked is True):
+                mask.apply(acc_s, tScS, m_block, n_block)
+            row_scale = softmax.step(acc_s, is_first=False)
+            if cutlass.const_expr(self.config.intra_wg_overlap):
+                if cutlass.const_expr(self.config.pin_pv_wait):
+                    # keeps the P V wait below the whole softmax (see release_after)
+                    release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+            if cutlass.const_expr(self.rescale_before_pv):
+                pending_scale.store(row_scale.load())
+            else:
+                softmax.rescale(acc_o, row_scale)
+            convert_pairs(acc_as_operand_a(acc_s), tOrP)
+            v_state = kv_state.clone()
+            kv_state.advance()
+        return kv_state, v_state
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit

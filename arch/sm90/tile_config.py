@@ -35,6 +35,9 @@ class FwdTileConfig:
     # issued before P(j) V(j)); off: K(j), V(j) pairs, so K(j+1) waits behind V(j)'s stage,
     # which frees only when P(j-2) V(j-2) completes
     v_lags_k: bool = True
+    # run the key tiles that need a mask and the fully visible ones as separate loops (the
+    # latter without mask code or a per-tile test); off: one loop that tests each tile
+    split_mask_loops: bool = True
     # order the consumer warpgroups' GEMM issue round-robin through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
