@@ -70,3 +70,14 @@ def test_pin_pv_wait_only_for_the_tall_d64_tile():
             assert not fwd_tile_config(d, dv, causal, local).pin_pv_wait
     with pytest.raises(ValueError, match="intra_wg_overlap"):
         FwdTileConfig(intra_wg_overlap=False, pin_pv_wait=True)
+
+
+def test_split_mask_loops_where_measured():
+    # on for D <= 128 (measured at D=128; D=96 takes the same branch), off for the D=64 tiles
+    # (neutral) and D >= 192 (a loss at D=256)
+    for causal, local in ((False, False), (True, False), (False, True)):
+        assert fwd_tile_config(128, 128, causal, local).split_mask_loops
+        assert fwd_tile_config(96, 96, causal, local).split_mask_loops
+        for d, dv in ((64, 64), (192, 192), (192, 128), (256, 256)):
+            assert not fwd_tile_config(d, dv, causal, local).split_mask_loops
+        assert not fwd_tile_config(64, 64, causal, local, tall=True).split_mask_loops

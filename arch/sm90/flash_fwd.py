@@ -626,8 +626,8 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.config.split_mask_loops):
                 free_lo, free_hi = mask.unmasked_range(m_block, n_min, n_max - 1)
                 segments = [(False, free_hi, free_hi - free_lo)]
-                # the edge segments test each tile (always masked in practice: a plain
-                # masked loop let ptxas interleave the mask and spill at D=256 causal)
+                # the edge segments test each tile (in practice all of them need the mask; an
+                # untested masked loop made ptxas spill at D=192 / 256 causal)
                 if cutlass.const_expr(mask.has_right):
                     segments.insert(0, (None, n_max - 1, n_max - 1 - free_hi))
                 if cutlass.const_expr(mask.has_left):

@@ -35,9 +35,9 @@ class FwdTileConfig:
     # issued before P(j) V(j)); off: K(j), V(j) pairs, so K(j+1) waits behind V(j)'s stage,
     # which frees only when P(j-2) V(j-2) completes
     v_lags_k: bool = True
-    # run the key tiles that need a mask and the fully visible ones as separate loops (the
-    # latter without mask code or a per-tile test); off: one loop that tests each tile
-    split_mask_loops: bool = True
+    # run the fully visible key tiles as a loop of their own, without mask code or a per-tile
+    # test (the edge tiles that may need a mask keep the test); off: one loop testing each tile
+    split_mask_loops: bool = False
     # order the consumer warpgroups' GEMM issue round-robin through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
@@ -186,7 +186,13 @@ def _dense_tile_config(
         # 453, 16k causal 615 / 611 / 623 / 624 / 609 / 605, 4k causal 519 / 503 / 512 / 507 /
         # 534 / 504, 1k causal 374 / 335 / 342 / 332 / 358 / 353: wider key tiles (spill-free
         # now) help long unmasked rows only and would need a length bucket; not adopted.
-        return FwdTileConfig(tile_n=128)
+        # Re-measured after the warp-uniform index (tune_fwd_tn_h200.json, base / 160 / 176 /
+        # 192): 16k 638 / 636 / 637 / 637, 4k 610 / 599 / 593 / 591, 16k causal 621 / 630 /
+        # 631 / 631, 4k causal 535 / 525 / 521 / 527: still not adopted.
+        # split_mask_loops on (tune_fwd_split_h200.json, round-robin, on / off): 4k causal
+        # 570 / 535, 16k causal 643 / 612, 4k 611 / 605, 16k 636 / 632, 1k 499 / 492. It loses
+        # at D=256 (-3..-6%) and is neutral at D=64 (within 1%), where it stays off.
+        return FwdTileConfig(tile_n=128, split_mask_loops=True)
     # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
     # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
     # D=256 16k 722 / 675 / 696, 16k causal 691 / 667 / 688, 4k 666 / 627 / 646, 1k 592 / 565 /
