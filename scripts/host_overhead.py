@@ -76,10 +76,6 @@ def _breakdown(q, k, v) -> dict:
     knobs = (None, True, (None, None), 0.0, 0, None, False, None)
     memo = api._dense_memo
     launcher = fwd_sm90.dense_launcher(q, p)
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-    def sdpa():  # same-machine anchor: torch's own host path for the same problem
-        torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
 
     pieces = {
         "whole call": lambda: cute_attn.flash_attn_func(q, k, v, causal=True),
@@ -91,7 +87,6 @@ def _breakdown(q, k, v) -> dict:
         "two torch.empty": alloc,
         "plan lookup": lambda: fwd_sm90._plan(p, fwd_sm90._DENSE, b, sq, p.seqlen_k, False, 0),
         "kernel launch (TVM-FFI call)": launch,
-        "torch SDPA (same shape, (B, H, S, D) views)": sdpa,
     }
     # 500 queued launches stay inside the launch queue (a full queue would time the GPU)
     return {name: _host(fn, reps=500) for name, fn in pieces.items()}
