@@ -4,6 +4,8 @@ What: times every available implementation over a named shape matrix (`--preset`
 median / p95 latency, TFLOP/s (or TB/s of K+V read for decode rows), peak memory, first-call
 (compile) time, max abs error against a chunked fp32 reference, and the ratio to the best of
 FA4 / cuDNN. Writes a JSON file with every measurement and, unless `--no-plot`, a PNG next to it.
+The implementations of a row are timed in rounds (one call of each per round, so they share the
+GPU's clock and power state; `--sequential`: all reps of one, then the next).
 
 Constraints: needs a CUDA GPU for anything but the pure helpers (`visible_pairs`,
 `attention_flops`, `median_p95`), which tests exercise on the CPU. Without a GPU `run_bench`
