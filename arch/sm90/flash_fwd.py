@@ -622,22 +622,22 @@ class FlashFwdSm90:
             kv_state.advance()
             # ---- remaining tiles, right to left: (masked, one past the first tile, count)
             # segments, so the unmasked middle runs without mask code or a per-tile branch
-            segments = [(None, n_max - 1, n_max - 1 - n_min)]  # None: test each tile
+            segments = [(True, n_max - 1, n_max - 1 - n_min)]  # (test each tile, top, count)
             if cutlass.const_expr(self.config.split_mask_loops):
                 free_lo, free_hi = mask.unmasked_range(m_block, n_min, n_max - 1)
                 segments = [(False, free_hi, free_hi - free_lo)]
-                # the edge segments test each tile (in practice all of them need the mask; an
-                # untested masked loop made ptxas spill at D=192 / 256 causal)
+                # the edge segments keep the test (in practice all of them need the mask; a
+                # loop masking without the test made ptxas spill at D=192 / 256 causal)
                 if cutlass.const_expr(mask.has_right):
-                    segments.insert(0, (None, n_max - 1, n_max - 1 - free_hi))
+                    segments.insert(0, (True, n_max - 1, n_max - 1 - free_hi))
                 if cutlass.const_expr(mask.has_left):
-                    segments.append((None, free_lo, free_lo - n_min))
+                    segments.append((True, free_lo, free_lo - n_min))
             for seg in cutlass.range_constexpr(len(segments)):
-                masked, top, count = segments[seg]
+                test_mask, top, count = segments[seg]
                 kv_state, v_state = self._mma_tiles(
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_shape_s, acc_o, tOrP,
                     tScS, pending_scale, softmax, pipe_k, pipe_v, kv_state, v_state, mask, wg,
-                    m_block, top, count, masked, score_premul,
+                    m_block, top, count, test_mask, score_premul,
                 )  # fmt: skip
             # ---- last P V
             if cutlass.const_expr(self.rescale_before_pv):
@@ -690,13 +690,13 @@ class FlashFwdSm90:
         m_block: Int32,
         top: Int32,
         count: Int32,
-        masked: cutlass.Constexpr,
+        test_mask: cutlass.Constexpr,
         score_premul: Float32,
     ):
         """Key tiles top - 1 down to top - count after the first: S(j) = Q K(j)^T, then
-        P(j-1) V(j-1), then softmax(j) (under the PV GEMM with the overlap). `masked`: True
-        masks every tile, False none (the caller proved them fully visible), None tests each
-        tile. Returns the K and V pipeline states for the next tiles."""
+        P(j-1) V(j-1), then softmax(j) (under the PV GEMM with the overlap). `test_mask`: mask
+        the tiles `tile_needs_mask` picks; False: no mask code (the caller proved every tile
+        fully visible). Returns the K and V pipeline states for the next tiles."""
         for i in cutlass.range(count, unroll=1):
             n_block = top - 1 - i
             acc_s = cute.make_rmem_tensor(acc_shape_s, Float32)
@@ -724,11 +724,9 @@ class FlashFwdSm90:
                 pipe_v.consumer_release(v_state)
             if cutlass.const_expr(self.has_softcap):
                 apply_softcap(acc_s, score_premul)
-            if cutlass.const_expr(masked is None):
+            if cutlass.const_expr(test_mask):
                 if mask.tile_needs_mask(m_block, n_block):
                     mask.apply(acc_s, tScS, m_block, n_block)
-            if cutlass.const_expr(masked is True):
-                mask.apply(acc_s, tScS, m_block, n_block)
             row_scale = softmax.step(acc_s, is_first=False)
             if cutlass.const_expr(self.config.intra_wg_overlap):
                 if cutlass.const_expr(self.config.pin_pv_wait):
