@@ -808,8 +808,8 @@ def _bench_row(impls, row, sets, ref, args) -> list[dict]:
                 _finish_impl(p, row, sets, ref, t)
             except Exception as e:  # noqa: BLE001
                 p.res.update(status="error", note=f"{type(e).__name__}: {e}"[:500])
-        for key in ("median_ms", "p95_ms", "tflops", "tbps", "peak_mib", "max_err"):
-            if p.res["status"] != "ok":
+        if p.res["status"] != "ok":
+            for key in ("median_ms", "p95_ms", "tflops", "tbps", "peak_mib", "max_err"):
                 p.res.pop(key, None)
     return [p.res for p in preps]
 

@@ -31,11 +31,6 @@ class FwdTileConfig:
     # (and the K arrive before it) to the start of softmax(j), so softmax(j) no longer runs
     # while the PV GEMM is in flight (seen in the SASS and in ncu's stall samples)
     pin_pv_wait: bool = False
-    # the producer loads K(j+1) before V(j), the order the consumers read them (S(j+1) is
-    # issued before P(j) V(j)); off: K(j), V(j) pairs, so K(j+1) waits behind V(j)'s stage,
-    # which frees only when P(j-2) V(j-2) completes. On everywhere: within 0.5% of off on
-    # every measured row (docs/perf/tune_fwd_vlag_h200.json)
-    v_lags_k: bool = True
     # run the fully visible key tiles as a loop of their own, without mask code or a per-tile
     # test (the edge tiles that may need a mask keep the test); off: one loop testing each tile
     split_mask_loops: bool = False
