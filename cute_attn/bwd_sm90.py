@@ -106,13 +106,14 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
-    """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log."""
+def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | None = None):
+    """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log.
+    `key`: a variant other than the tuning table's (scripts/tune_bwd_sm90.py)."""
     b, sq, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
     if b == 0 or sq == 0 or sk == 0:
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
-    key = bwd_key(p)
+    key = key or bwd_key(p)
     pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim)
     cfg = BwdTileConfig(*key.tile)
     dout, out = _tma_ready(dout), _tma_ready(out)

@@ -1,14 +1,16 @@
-"""One forward of cute_attn and one of FA4 inside a CUDA profiler range, for Nsight Compute.
+"""One forward of cute_attn and one of FA4 inside a CUDA profiler range, for Nsight Compute;
+with a fourth argument `bwd`, one backward of each instead (the forwards run outside the range).
 
 Run on the GPU machine (after warm-up calls outside the range, so compiles are not profiled):
 
     ncu --clock-control none --profile-from-start off --set full -o $OUT/fwd -f \\
-        python3 scripts/ncu_fwd.py 128 4096 0        # head_dim, seqlen, causal (0/1)
+        python3 scripts/ncu_fwd.py 128 4096 0        # head_dim, seqlen, causal (0/1) [bwd]
     ncu --import $OUT/fwd.ncu-rep --page details --csv > $OUT/fwd_details.csv
     ncu --import $OUT/fwd.ncu-rep --page source --csv --print-source sass > $OUT/fwd_sass.csv
 
 Shapes follow the bench matrix: 16k tokens, hidden 2048 (H = 2048 / D), bf16. Kernel ID 0 is
-cute_attn, ID 1 FA4 (skipped when flash_attn.cute is not importable).
+cute_attn, ID 1 FA4 (skipped when flash_attn.cute is not importable); a backward profiles
+each library's pre- and postprocess kernels around its main kernel.
 """
 
 import sys
@@ -18,15 +20,28 @@ import torch
 import cute_attn
 
 D, S, causal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+bwd = len(sys.argv) > 4 and sys.argv[4] == "bwd"
 H, B = 2048 // D, 16384 // S
-q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-fns = [lambda: cute_attn.flash_attn_func(q, k, v, causal=causal)[0]]
+q, k, v = (
+    torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=bwd)
+    for _ in range(3)
+)
+attns = [lambda: cute_attn.flash_attn_func(q, k, v, causal=causal)[0]]
 try:
     from flash_attn.cute import flash_attn_func as fa4
 
-    fns.append(lambda: fa4(q, k, v, causal=causal, return_lse=True)[0])
+    attns.append(lambda: fa4(q, k, v, causal=causal, return_lse=True)[0])
 except ImportError:
     pass
+fns = attns
+if bwd:
+    dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    outs = [f() for f in attns]  # the graphs the profiled backward calls walk
+
+    def grad_of(out):
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+    fns = [grad_of(o) for o in outs]
 for _ in range(3):
     for f in fns:
         f()

@@ -8,6 +8,7 @@ atol covers rounding the fp32 reference gradient to the input dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -80,6 +81,32 @@ def test_bwd_sweep(dtype, d, dv, sq, sk, mode):
 def test_bwd_gqa_windows(h, hkv, window, causal):
     _check(*_inputs(3, 300, 457, h, hkv, 128, 128, torch.bfloat16), causal=causal,
            window_size=window)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"causal": True}, {"window_size": (100, 50)}, {"window_size": (200, None)},
+     {"causal": True, "window_size": (300, None)}],
+)  # fmt: skip
+def test_bwd_split_mask_loops_every_segment(monkeypatch, d, sq, sk, kw):
+    # split_mask_loops forced on whatever the tuning table says (it turns it on for D=64
+    # unmasked-tile walks only): a left bound adds the third, left-edge segment, and the key
+    # tile crossing seqlen_k walks every query tile in the masked segment
+    import cute_attn.bwd_sm90 as host
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    table = host.bwd_key
+
+    def forced(p, arch=host.ARCH):
+        key = table(p, arch)
+        cfg = dataclasses.replace(BwdTileConfig(*key.tile), split_mask_loops=True)
+        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
+
+    monkeypatch.setattr(host, "bwd_key", forced)
+    _check(*_inputs(2, sq, sk, 4, 2, d, d, torch.bfloat16), **kw)
 
 
 @pytest.mark.gpu
@@ -229,3 +256,47 @@ def test_compile_bwd_aux_kernels(tmp_path):
             pytest.skip("nvdisasm not installed: cannot read SASS")
         # 16-byte vectors: dO and O (pre) or the fp32 accumulator (post) in, 128-bit stores out
         assert r["ldg128"] >= 2 and r["stg128"] >= 1 and r["spills"] == 0, r
+
+
+_BWD_MASK_LOOP_SNIPPET = r"""
+import dataclasses, json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+for split in (True, False):
+    cfg = dataclasses.replace(bwd_tile_config(64, 64, True, False), split_mask_loops=split)
+    spec = BwdSpec("bfloat16", 64, 64, 8, 8, False, True, False, cfg)
+    fn = compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+    sass = _sass(fn.__cubin__)
+    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", sass)
+    # mask selects (FSEL to -INF) between each "first GEMMs done" wait (gsb0 <= 1) and the
+    # next "all done" wait: two windows per main-loop body (after S^T and after dQ)
+    windows, n, open_ = [], 0, False
+    for op, rest in ops:
+        if op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x1"):
+            open_, n = True, 0
+        elif op == "WARPGROUP.DEPBAR.LE" and open_:
+            windows.append(n); open_ = False
+        elif op == "FSEL" and "-INF" in rest and open_:
+            n += 1
+    spills = sass.count("STL") + sass.count("LDL")
+    out[str(split)] = {"windows": windows, "spills": spills, "sass": bool(sass),
+                       "table": cfg == bwd_tile_config(64, 64, True, False)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
+    # D=64 causal (the table's split variant): the query tiles every key of the CTA sees run
+    # in a loop with no mask select; the diagonal loop keeps the mask (behind its test)
+    r = run_json_snippet(_BWD_MASK_LOOP_SNIPPET, tmp_path, timeout=900)
+    on, off = r["True"], r["False"]
+    if not on["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert on["table"] and not off["table"], r
+    assert on["spills"] == 0 and off["spills"] == 0, r
+    assert len(on["windows"]) == 4 and on["windows"][0] > 0 and on["windows"][1:] == [0, 0, 0], r
+    assert len(off["windows"]) == 2 and off["windows"][0] > 0 and off["windows"][1] == 0, r

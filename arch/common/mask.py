@@ -108,6 +108,31 @@ class TileMask(DslStruct):
         return a, b
 
     @cute.jit
+    def unmasked_m_range(self, n_block: Int32, m_lo: Int32, m_hi: Int32):
+        """[a, b) within [m_lo, m_hi): the query tiles that need no mask with this key tile
+        (`tile_needs_mask(m, n_block)` is False for every m in it), the backward's twin of
+        `unmasked_range`. Tiles in [m_lo, a) and [b, m_hi) may need one. Without a left bound
+        b = m_hi; a key tile crossing seqlen_k needs the mask everywhere: a = b = m_hi."""
+        offset = self.seqlen_k - self.seqlen_q
+        col_lo = n_block * self.tile_n
+        col_hi = col_lo + self.tile_n - 1
+        a = m_lo
+        if cutlass.const_expr(self.has_right):
+            # the tile's first row must see the tile's last key: m * tile_m + offset + right
+            # >= col_hi
+            a = cute.ceil_div(cutlass.max(col_hi - offset - self.window_right, 0), self.tile_m)
+        b = m_hi
+        if cutlass.const_expr(self.has_left):
+            # the tile's last row must not see left of the tile's first key:
+            # (m + 1) * tile_m - 1 + offset - left <= col_lo
+            b = cutlass.max(col_lo - offset + self.window_left + 1, 0) // self.tile_m
+        if col_hi >= self.seqlen_k:
+            a = m_hi
+        a = cutlass.min(cutlass.max(a, m_lo), m_hi)
+        b = cutlass.max(cutlass.min(b, m_hi), a)
+        return a, b
+
+    @cute.jit
     def n_block_end_bwd(self, m_block: Int32):
         """One past the last key tile whose `m_block_range` contains m_block: the right end of
         the key tiles that add into this query tile's dQ in the backward. Unlike

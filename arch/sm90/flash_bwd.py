@@ -589,52 +589,66 @@ class FlashBwdSm90:
             pipe_kv.consumer_wait(kv_state)
             consumer = pipeline.PipelineUserType.Consumer
             state = pipeline.make_pipeline_state(consumer, self.num_stages)
-            for m_block in cutlass.range(m_min, m_max, unroll=1):
-                stage = state.index
-                # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
-                acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
-                acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
-                pipe_q.consumer_wait(state)
-                gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
-                # this thread's query columns of lse_log2 / D, read from smem where used
-                t_lse = acc_as_rows_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
-                pipe_do.consumer_wait(state)
-                gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage], True)
-                warpgroup.wait_group(1)
-                # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
-                if cutlass.const_expr(self.has_softcap):
-                    apply_softcap(acc_s, score_premul)
-                if mask.tile_needs_mask(m_block, n_block):
-                    mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
-                t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage]))
-                tdVrP = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
-                r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
-                r_ds.store(acc_dp.load().to(self.dtype))
-                tdKrdS = acc_as_operand_a(r_ds)  # the same registers, as dK's A operand
-                cute.copy(store_ds_atom, thr_store_ds.retile(r_ds), tdSsdS[None, None, None, stage])
-                # ---- dV += P^T dO (overlaps the dS exchange below)
-                gemm(tiled_mma_dv, acc_dv, tdVrP, tdVrdOt[None, None, None, stage], False)
-                # dS written by both warpgroups must be visible to the async proxy (wgmma)
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads)
-                # ---- dQ = dS K, dK += dS^T Q
-                acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
-                gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
-                gemm(tiled_mma_dk, acc_dk, tdKrdS, tdKrQt[None, None, None, stage], False)
-                warpgroup.wait_group(1)  # dV and dQ done
-                pipe_do.consumer_release(state)
-                # ---- hand the dQ partial to the writer warp
-                cute.arch.barrier(
-                    barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
-                )
-                tdQsdQ.store(acc_dq.load())
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(
-                    barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads
-                )
-                warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
-                pipe_q.consumer_release(state)
-                state.advance()
+            # (test each tile, first, end) segments of the query tiles: with split_mask_loops
+            # the ones every key of this tile sees fully run without mask code or per-tile test
+            segments = [(True, m_min, m_max)]
+            if cutlass.const_expr(self.config.split_mask_loops):
+                free_lo, free_hi = mask.unmasked_m_range(n_block, m_min, m_max)
+                segments = [(True, m_min, free_lo), (False, free_lo, free_hi)]
+                if cutlass.const_expr(mask.has_left):
+                    segments.append((True, free_hi, m_max))
+            for seg in cutlass.range_constexpr(len(segments)):
+                test_mask, m_lo, m_hi = segments[seg]
+                for m_block in cutlass.range(m_lo, m_hi, unroll=1):
+                    stage = state.index
+                    # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
+                    acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
+                    acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
+                    pipe_q.consumer_wait(state)
+                    gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
+                    # this thread's query columns of lse_log2 / D, read from smem where used
+                    t_lse = acc_as_rows_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
+                    pipe_do.consumer_wait(state)
+                    gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage], True)
+                    warpgroup.wait_group(1)
+                    # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
+                    if cutlass.const_expr(self.has_softcap):
+                        apply_softcap(acc_s, score_premul)
+                    if cutlass.const_expr(test_mask):
+                        if mask.tile_needs_mask(m_block, n_block):
+                            mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
+                    t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage]))
+                    tdVrP = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
+                    r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
+                    r_ds.store(acc_dp.load().to(self.dtype))
+                    tdKrdS = acc_as_operand_a(r_ds)  # the same registers, as dK's A operand
+                    r_ds_st = thr_store_ds.retile(r_ds)
+                    cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, stage])
+                    # ---- dV += P^T dO (overlaps the dS exchange below)
+                    gemm(tiled_mma_dv, acc_dv, tdVrP, tdVrdOt[None, None, None, stage], False)
+                    # dS written by both warpgroups must be visible to the async proxy (wgmma)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(
+                        barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads
+                    )
+                    # ---- dQ = dS K, dK += dS^T Q
+                    acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
+                    gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
+                    gemm(tiled_mma_dk, acc_dk, tdKrdS, tdKrQt[None, None, None, stage], False)
+                    warpgroup.wait_group(1)  # dV and dQ done
+                    pipe_do.consumer_release(state)
+                    # ---- hand the dQ partial to the writer warp
+                    cute.arch.barrier(
+                        barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
+                    )
+                    tdQsdQ.store(acc_dq.load())
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier_arrive(
+                        barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads
+                    )
+                    warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
+                    pipe_q.consumer_release(state)
+                    state.advance()
             pipe_kv.consumer_release(kv_state)
         # balance the writer's last arrive on dq_empty (it also means the last reduce read sdQ)
         cute.arch.barrier(barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads)

@@ -265,6 +265,9 @@ class BwdTileConfig:
     tile_n: int = 128  # keys per CTA
     num_stages: int = 2  # Q and dO smem stages; dS is double-buffered alongside
     num_mma_warpgroups: int = 2
+    # walk the query tiles that see every key of the CTA's tile as a loop of their own,
+    # without mask code or a per-tile test (the forward's switch of the same name)
+    split_mask_loops: bool = False
 
     def __post_init__(self):
         if self.tile_n != 64 * self.num_mma_warpgroups:
@@ -303,7 +306,11 @@ def bwd_tile_config(
         # instead of 64. bench_bwd_d64_h200.json: 0.88-0.94x FA4 with it (0.28-0.68x in
         # bench_bwd_h200_v0.json with 64 rows, before the other v1 changes). With softcap or a
         # left window the mask/tanh registers make ptxas spill 2, so those keep 64 rows.
-        return BwdTileConfig(tile_m=128)
+        # split_mask_loops on (tune_bwd_causal_h200.json, round-robin, TFLOP/s, on / off):
+        # 16k causal 497 / 485, 4k causal 425 / 417; deterministic 477 / 472, 415 / 411.
+        return BwdTileConfig(tile_m=128, split_mask_loops=True)
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
+    # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
+    # causal 327 / 328: within noise, off (it doubles the main loop's code).
     return BwdTileConfig()

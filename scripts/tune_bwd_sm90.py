@@ -1,0 +1,153 @@
+"""Measure SM90 backward tile-config variants against each other on the GPU, in one process.
+
+Each variant is a BwdTileConfig override of the tuning table's choice (split_mask_loops,
+stagger_start, ...), run through the library's own backward launcher (`run_bwd` with the
+variant's key: preprocess, main kernel, postprocess). Each is first checked against the fp32
+reference backward on a small odd-sized problem, then all variants of a shape are timed
+round-robin (one call of each per round, so clock drift hits them alike) with CUDA events:
+median and p95 over --reps, TFLOP/s counting 2.5x the forward FLOPs like the bench.
+
+    python scripts/tune_bwd_sm90.py --out tune_bwd.json --shapes d128-16k,d128-16k-causal \
+        --variant base= --variant split=split_mask_loops=True --variant det=deterministic=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+
+import torch
+
+from cute_attn import validation
+from cute_attn.bench import visible_pairs
+from cute_attn.bwd_sm90 import bwd_key, run_bwd
+from cute_attn.fwd_sm90 import run_fwd
+from cute_attn.reference import attention_ref, attention_ref_backward
+
+SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's backward rows
+    "d128-16k": (1, 16384, 16, 128, False),
+    "d128-16k-causal": (1, 16384, 16, 128, True),
+    "d128-4k": (4, 4096, 16, 128, False),
+    "d128-4k-causal": (4, 4096, 16, 128, True),
+    "d128-1k": (16, 1024, 16, 128, False),
+    "d128-1k-causal": (16, 1024, 16, 128, True),
+    "d64-16k": (1, 16384, 32, 64, False),
+    "d64-16k-causal": (1, 16384, 32, 64, True),
+    "d64-4k": (4, 4096, 32, 64, False),
+    "d64-4k-causal": (4, 4096, 32, 64, True),
+    "d64-1k": (16, 1024, 32, 64, False),
+    "d64-1k-causal": (16, 1024, 32, 64, True),
+}
+
+INNER = 3
+
+
+def parse_override(text: str) -> tuple[dict, bool]:
+    """`k=v,...` -> (BwdTileConfig overrides, deterministic); `deterministic=1` is not a tile
+    field but a key field."""
+    out, det = {}, False
+    for item in filter(None, text.split(",")):
+        k, v = item.split("=")
+        if k == "deterministic":
+            det = v in ("1", "True")
+            continue
+        out[k] = {"True": True, "False": False}.get(v, None)
+        if out[k] is None:
+            out[k] = int(v)
+    return out, det
+
+
+def problem(q, k, v, causal, deterministic=False):
+    return validation.validate_dense(
+        q, k, v, softmax_scale=None, causal=causal, window_size=(None, None), softcap=0.0,
+        num_splits=0, pack_gqa=None, deterministic=deterministic,
+    )  # fmt: skip
+
+
+def variant_key(p, overrides: dict):
+    key = bwd_key(p)
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    cfg = dataclasses.replace(BwdTileConfig(*key.tile), **overrides)
+    return dataclasses.replace(key, tile=dataclasses.astuple(cfg)), cfg
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", action="append", default=[], help="name=overrides")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="tune_bwd.json")
+    args = ap.parse_args()
+    variants = [v.split("=", 1) for v in (args.variant or ["base="])]
+    rows = []
+    torch.manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    for shape in args.shapes.split(","):
+        b, s, h, d, causal = SHAPES[shape]
+        # the small check problem: odd lengths, every mask corner of the variant's code
+        small = [rnd(2, 333, h, d), rnd(2, 301, h, d), rnd(2, 301, h, d)]
+        ref_o, ref_lse = attention_ref(*small, causal=causal)
+        do_small = rnd(*ref_o.shape)
+        ref_g = attention_ref_backward(
+            *(t.float() for t in small), ref_o, ref_lse, do_small.float(), causal=causal
+        )
+        big = [rnd(b, s, h, d) for _ in range(3)]
+        p_big = problem(*big, causal)
+        o_big, lse_big = run_fwd(*big, p_big)
+        do_big = rnd(*o_big.shape)
+        flops = 2.5 * 4 * b * h * d * visible_pairs(s, s, causal)
+        live = []
+        for name, ov in variants:
+            try:
+                overrides, det = parse_override(ov)
+                p_small = problem(*small, causal, det)
+                key, cfg = variant_key(p_small, overrides)
+                o_s, lse_s = run_fwd(*small, p_small)
+                g = run_bwd(*small, o_s, lse_s, do_small, p_small, key=key)
+                err = max((a.float() - r).abs().max().item() for a, r in zip(g, ref_g))
+                p = dataclasses.replace(p_big, deterministic=det)
+                key_big, _ = variant_key(p, overrides)
+                for _ in range(2):
+                    run_bwd(*big, o_big, lse_big, do_big, p, key=key_big)
+                live.append((name, cfg, det, p, key_big, err, []))
+            except Exception as e:
+                rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
+        for _rep in range(args.reps):
+            for _name, _cfg, _det, p, key, _err, times in live:
+                # a call queued before the first event and INNER calls between the events: the
+                # host's launch work overlaps GPU work instead of showing up as idle time
+                st, en = torch.cuda.Event(True), torch.cuda.Event(True)
+                run_bwd(*big, o_big, lse_big, do_big, p, key=key)
+                st.record()
+                for _ in range(INNER):
+                    run_bwd(*big, o_big, lse_big, do_big, p, key=key)
+                en.record()
+                en.synchronize()
+                times.append(st.elapsed_time(en) / INNER)
+        for name, cfg, det, _p, _key, err, times in live:
+            times.sort()
+            med = statistics.median(times)
+            p95 = times[int(0.95 * (len(times) - 1))]
+            row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg),
+                       deterministic=det, err=err, median_ms=med, p95_ms=p95,
+                       tflops=flops / med / 1e9)  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    json.dump(rows, open(args.out, "w"), indent=1)
+    print(f"\n{'shape':<18} {'variant':<12} {'ms':>8} {'p95':>8} {'TFLOP/s':>8} {'err':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:<18} {r['variant']:<12} ERROR {r['error'][:60]}")
+        else:
+            print(f"{r['shape']:<18} {r['variant']:<12} {r['median_ms']:8.3f} {r['p95_ms']:8.3f} "
+                  f"{r['tflops']:8.1f} {r['err']:9.2e}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
