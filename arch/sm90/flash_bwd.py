@@ -52,6 +52,12 @@ from ..common.mask import TileMask, apply_softcap
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
 
+DQ_SWIZZLE_ATOMS = {
+    32: warpgroup.SmemLayoutAtomKind.K_SW32,
+    64: warpgroup.SmemLayoutAtomKind.K_SW64,
+    128: warpgroup.SmemLayoutAtomKind.K_SW128,
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class BwdRoles:
@@ -189,7 +195,10 @@ class FlashBwdSm90:
         sK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
         sdS_layout = smem_layout(self.dtype, tm, tn, stages)
-        sdQ_layout = smem_layout(Float32, tm, d, None)
+        # fp32 dQ staging, swizzled as the config says (BwdTileConfig.dq_swizzle)
+        dq_atom_kind = DQ_SWIZZLE_ATOMS[self.config.dq_swizzle]
+        sdQ_atom = warpgroup.make_smem_layout_atom(dq_atom_kind, Float32)
+        sdQ_layout = cute.tile_to_shape(sdQ_atom, (tm, d), order=(0, 1))
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()

@@ -268,8 +268,15 @@ class BwdTileConfig:
     # walk the query tiles that see every key of the CTA's tile as a loop of their own,
     # without mask code or a per-tile test (the forward's switch of the same name)
     split_mask_loops: bool = False
+    # swizzle (bytes) of the fp32 dQ staging tile. A half-warp's 64-bit accumulator stores
+    # cover 4 rows x 32 B: the 128-byte swizzle maps rows 2i and 2i + 1 onto the same banks
+    # (ncu, D=128 16k causal: every dQ store 2-way conflicted, 4 wavefronts instead of 2);
+    # with 32-byte rows the 4 rows fill one 128-byte line
+    dq_swizzle: int = 32
 
     def __post_init__(self):
+        if self.dq_swizzle not in (32, 64, 128):
+            raise ValueError(f"dq_swizzle {self.dq_swizzle} must be 32, 64 or 128 (bytes)")
         if self.tile_n != 64 * self.num_mma_warpgroups:
             raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
         if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
@@ -306,9 +313,11 @@ def bwd_tile_config(
         # instead of 64. bench_bwd_d64_h200.json: 0.88-0.94x FA4 with it (0.28-0.68x in
         # bench_bwd_h200_v0.json with 64 rows, before the other v1 changes). With softcap or a
         # left window the mask/tanh registers make ptxas spill 2, so those keep 64 rows.
-        # split_mask_loops on (tune_bwd_causal_h200.json, round-robin, TFLOP/s, on / off):
-        # 16k causal 497 / 485, 4k causal 425 / 417; deterministic 477 / 472, 415 / 411.
-        return BwdTileConfig(tile_m=128, split_mask_loops=True)
+        # split_mask_loops on under the causal mask (tune_bwd_causal_h200.json, round-robin,
+        # TFLOP/s, on / off): 16k causal 497 / 485, 4k causal 425 / 417; deterministic 477 /
+        # 472, 415 / 411. Without a mask it has nothing to split and its second loop copy makes
+        # ptxas spill 6 registers: off there.
+        return BwdTileConfig(tile_m=128, split_mask_loops=causal)
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
     # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
