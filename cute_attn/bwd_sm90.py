@@ -51,7 +51,7 @@ def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det):
-    tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap))
+    tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap, det))
     return BwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile)
 
 

@@ -95,3 +95,17 @@ def test_bwd_split_mask_loops_where_measured():
         assert not bwd_tile_config(64, 64, causal, False, softcap=True).split_mask_loops
         assert not bwd_tile_config(128, 128, causal, False).split_mask_loops
     assert not bwd_tile_config(64, 64, False, True).split_mask_loops
+
+
+def test_bwd_dq_swizzle_where_measured():
+    # 32-byte swizzle (conflict-free dQ stores) except in the deterministic order, whose waits
+    # on each dQ add measured faster with the 128-byte swizzle's wider TMA boxes
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
+
+    for d in (64, 128):
+        for causal, local, softcap in ((False, False, False), (True, False, False),
+                                       (False, True, False), (True, False, True)):  # fmt: skip
+            assert bwd_tile_config(d, d, causal, local, softcap).dq_swizzle == 32
+            assert bwd_tile_config(d, d, causal, local, softcap, True).dq_swizzle == 128
+    with pytest.raises(ValueError, match="dq_swizzle"):
+        BwdTileConfig(dq_swizzle=16)

@@ -303,11 +303,22 @@ BWD_HEAD_DIMS = ((64, 64), (128, 128))
 
 
 def bwd_tile_config(
-    head_dim: int, head_dim_v: int, causal: bool, local: bool, softcap: bool = False
+    head_dim: int,
+    head_dim_v: int,
+    causal: bool,
+    local: bool,
+    softcap: bool = False,
+    deterministic: bool = False,
 ) -> BwdTileConfig:
     """Backward tuning table; pure function of static problem features."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
         raise ValueError(f"SM90 backward has no variant for head dims ({head_dim}, {head_dim_v})")
+    # dq_swizzle (tune_bwd_dqsw_h200.json, round-robin, TFLOP/s, 32 / 128 bytes): D=128 16k
+    # causal 590 / 542, 16k 573 / 518, 4k 551 / 532, 1k 448 / 437; D=64 16k causal 518 / 481,
+    # 4k 501 / 474, 1k causal 288 / 287. The deterministic order waits for each dQ add to land,
+    # and the 32-byte swizzle's 8-float TMA boxes (4x as many) make that wait longer: 403 /
+    # 508 at D=128 16k causal, 348 / 394 at D=64 4k, so it keeps the 128-byte swizzle.
+    dq_swizzle = 128 if deterministic else 32
     if head_dim <= 64 and not softcap and not local:
         # 128 query rows per iteration (FA3's D=64 shape): the S^T / dP^T wgmmas get N = 128
         # instead of 64. bench_bwd_d64_h200.json: 0.88-0.94x FA4 with it (0.28-0.68x in
@@ -317,9 +328,9 @@ def bwd_tile_config(
         # TFLOP/s, on / off): 16k causal 497 / 485, 4k causal 425 / 417; deterministic 477 /
         # 472, 415 / 411. Without a mask it has nothing to split and its second loop copy makes
         # ptxas spill 6 registers: off there.
-        return BwdTileConfig(tile_m=128, split_mask_loops=causal)
+        return BwdTileConfig(tile_m=128, split_mask_loops=causal, dq_swizzle=dq_swizzle)
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
     # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
     # causal 327 / 328: within noise, off (it doubles the main loop's code).
-    return BwdTileConfig()
+    return BwdTileConfig(dq_swizzle=dq_swizzle)
