@@ -300,3 +300,34 @@ def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     assert on["spills"] == 0 and off["spills"] == 0, r
     assert len(on["windows"]) == 4 and on["windows"][0] > 0 and on["windows"][1:] == [0, 0, 0], r
     assert len(off["windows"]) == 2 and off["windows"][0] > 0 and off["windows"][1] == 0, r
+
+
+_DQ_SWIZZLE_SNIPPET = r"""
+import json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+for det in (False, True):
+    cfg = bwd_tile_config(128, 128, True, False, deterministic=det)
+    spec = BwdSpec("bfloat16", 128, 128, 8, 8, False, True, False, cfg, deterministic=det)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    spills = sass.count("STL") + sass.count("LDL")
+    out[str(det)] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass),
+                     "reduces": sass.count("UTMAREDG"), "spills": spills}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_dq_staging_swizzle_reaches_the_kernel(tmp_path):
+    # the table's dQ swizzle is what the kernel builds: 32-byte boxes (8 fp32 columns) give
+    # four times the TMA reduce-adds of the deterministic mode's 128-byte (32-column) boxes
+    r = run_json_snippet(_DQ_SWIZZLE_SNIPPET, tmp_path, timeout=900)
+    default, det = r["False"], r["True"]
+    if not default["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert default["swizzle"] == 32 and det["swizzle"] == 128, r
+    assert det["reduces"] > 0 and default["reduces"] == 4 * det["reduces"], r
+    assert default["spills"] == 0 and det["spills"] == 0, r
