@@ -21,6 +21,7 @@ import statistics
 import torch
 
 from cute_attn import validation
+from cute_attn.arch.sm90.tile_config import BwdTileConfig
 from cute_attn.bench import visible_pairs
 from cute_attn.bwd_sm90 import bwd_key, run_bwd
 from cute_attn.fwd_sm90 import run_fwd
@@ -68,8 +69,6 @@ def problem(q, k, v, causal, deterministic=False):
 
 def variant_key(p, overrides: dict):
     key = bwd_key(p)
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
-
     cfg = dataclasses.replace(BwdTileConfig(*key.tile), **overrides)
     return dataclasses.replace(key, tile=dataclasses.astuple(cfg)), cfg
 

@@ -92,9 +92,9 @@ def test_bwd_gqa_windows(h, hkv, window, causal):
      {"causal": True, "window_size": (300, None)}],
 )  # fmt: skip
 def test_bwd_split_mask_loops_every_segment(monkeypatch, d, sq, sk, kw):
-    # split_mask_loops forced on whatever the tuning table says (it turns it on for D=64
-    # unmasked-tile walks only): a left bound adds the third, left-edge segment, and the key
-    # tile crossing seqlen_k walks every query tile in the masked segment
+    # split_mask_loops forced on whatever the tuning table says (it turns it on only for the
+    # D=64 causal tile): a left bound adds the third, left-edge segment, and the key tile
+    # crossing seqlen_k walks every query tile in the masked segment
     import cute_attn.bwd_sm90 as host
     from cute_attn.arch.sm90.tile_config import BwdTileConfig
 
