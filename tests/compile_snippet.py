@@ -12,6 +12,24 @@ import os
 import subprocess
 import sys
 
+# Source prepended to snippets that read the SASS of a kernel's main loop: mask_windows(sass)
+# counts mask selects (FSEL to -INF) between each "first GEMMs done" wait (gsb0 <= 1) and the
+# next wgmma wait, one count per such window, in program order.
+MASK_WINDOWS = r"""
+import re
+def mask_windows(sass):
+    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", sass)
+    windows, n, open_ = [], 0, False
+    for op, rest in ops:
+        if op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x1"):
+            open_, n = True, 0
+        elif op == "WARPGROUP.DEPBAR.LE" and open_:
+            windows.append(n); open_ = False
+        elif op == "FSEL" and "-INF" in rest and open_:
+            n += 1
+    return windows
+"""
+
 
 def run_json_snippet(snippet: str, tmp_path, *argv: str, timeout: int = 900):
     env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from compile_snippet import run_json_snippet
+from compile_snippet import MASK_WINDOWS, run_json_snippet
 
 from cute_attn import flash_attn_func, last_backward_dispatch
 from cute_attn.reference import attention_ref
@@ -258,8 +258,8 @@ def test_compile_bwd_aux_kernels(tmp_path):
         assert r["ldg128"] >= 2 and r["stg128"] >= 1 and r["spills"] == 0, r
 
 
-_BWD_MASK_LOOP_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
+_BWD_MASK_LOOP_SNIPPET = r"""  # run after MASK_WINDOWS
+import dataclasses, json, os, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
@@ -270,17 +270,7 @@ for split in (True, False):
     spec = BwdSpec("bfloat16", 64, 64, 8, 8, False, True, False, cfg)
     fn = compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
     sass = _sass(fn.__cubin__)
-    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", sass)
-    # mask selects (FSEL to -INF) between each "first GEMMs done" wait (gsb0 <= 1) and the
-    # next "all done" wait: two windows per main-loop body (after S^T and after dQ)
-    windows, n, open_ = [], 0, False
-    for op, rest in ops:
-        if op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x1"):
-            open_, n = True, 0
-        elif op == "WARPGROUP.DEPBAR.LE" and open_:
-            windows.append(n); open_ = False
-        elif op == "FSEL" and "-INF" in rest and open_:
-            n += 1
+    windows = mask_windows(sass)  # two per main-loop body (after S^T / dP^T and after dQ)
     spills = sass.count("STL") + sass.count("LDL")
     out[str(split)] = {"windows": windows, "spills": spills, "sass": bool(sass),
                        "table": cfg == bwd_tile_config(64, 64, True, False)}
@@ -292,7 +282,7 @@ print(json.dumps(out))
 def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     # D=64 causal (the table's split variant): the query tiles every key of the CTA sees run
     # in a loop with no mask select; the diagonal loop keeps the mask (behind its test)
-    r = run_json_snippet(_BWD_MASK_LOOP_SNIPPET, tmp_path, timeout=900)
+    r = run_json_snippet(MASK_WINDOWS + _BWD_MASK_LOOP_SNIPPET, tmp_path, timeout=900)
     on, off = r["True"], r["False"]
     if not on["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compile_snippet import run_json_snippet
+from compile_snippet import MASK_WINDOWS, run_json_snippet
 
 from cute_attn import flash_attn_func, last_dispatch
 from cute_attn.arch.common.seqlen import InputFeatures
@@ -209,8 +209,8 @@ def test_p_conversion_is_packed_for_odd_column_groups(tmp_path):
     assert r["scalar"] == 0 and r["packed"] > 0, r
 
 
-_MASK_LOOP_SNIPPET = r"""
-import dataclasses, json, os, re, sys, tempfile
+_MASK_LOOP_SNIPPET = r"""  # run after MASK_WINDOWS
+import dataclasses, json, os, sys, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
@@ -220,17 +220,8 @@ for causal, split in ((True, True), (True, False), (False, True)):
     cfg = dataclasses.replace(fwd_tile_config(128, 128, causal, False), split_mask_loops=split)
     spec = FwdSpec("bfloat16", 128, 128, 8, 8, False, causal, False, cfg)
     fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
-    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", _sass(fn.__cubin__))
-    # mask selects (FSEL to -INF) between each "S done" wait and the next "all done" wait:
     # one window per main-loop body (the peeled first tile waits with gsb0 <= 0 only)
-    windows, n, open_ = [], 0, False
-    for op, rest in ops:
-        if op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x1"):
-            open_, n = True, 0
-        elif op == "WARPGROUP.DEPBAR.LE" and open_:
-            windows.append(n); open_ = False
-        elif op == "FSEL" and "-INF" in rest and open_:
-            n += 1
+    windows = mask_windows(_sass(fn.__cubin__))
     table = cfg == fwd_tile_config(128, 128, causal, False)
     out[f"{causal},{split}"] = {"windows": windows, "table": table}
 print(json.dumps(out))
@@ -242,7 +233,7 @@ def test_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     # split_mask_loops (on at D=128): the fully visible key tiles run in a loop with no mask
     # select at all; the causal edge loop keeps the mask (behind its per-tile test); without
     # the split the one loop carries the mask code (taken or not, per tile)
-    r = run_json_snippet(_MASK_LOOP_SNIPPET, tmp_path, timeout=900)
+    r = run_json_snippet(MASK_WINDOWS + _MASK_LOOP_SNIPPET, tmp_path, timeout=900)
     on, off, plain = r["True,True"], r["True,False"], r["False,True"]
     assert on["table"] and plain["table"] and not off["table"], r
     assert len(on["windows"]) == 2 and sorted(on["windows"])[0] == 0 < on["windows"][0], r
