@@ -34,6 +34,9 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d128-1k-causal": (16, 1024, 1024, 16, 128, True, False),
     "d128-1k": (16, 1024, 1024, 16, 128, False, False),
     "d128-4k-causal": (4, 4096, 4096, 16, 128, True, False),
+    "d96-16k": (1, 16384, 16384, 16, 96, False, False),  # 16 heads (2048 / 96 is no integer)
+    "d96-4k": (4, 4096, 4096, 16, 96, False, False),
+    "d96-4k-causal": (4, 4096, 4096, 16, 96, True, False),
     "d64-16k": (1, 16384, 16384, 32, 64, False, False),
     "d64-16k-causal": (1, 16384, 16384, 32, 64, True, False),
     "d64-4k": (4, 4096, 4096, 32, 64, False, False),

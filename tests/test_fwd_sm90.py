@@ -247,34 +247,52 @@ os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
 from cute_attn.arch.sm90.tile_config import fwd_tile_config
-cfg = fwd_tile_config(64, 64, False, False, tall=True)
-out = {"table": cfg.pin_pv_wait}
-for pin in (True, False):
-    spec = FwdSpec("bfloat16", 64, 64, 8, 8, False, False, False,
-                   dataclasses.replace(cfg, pin_pv_wait=pin))
+
+def windows(cfg, d):
+    spec = FwdSpec("bfloat16", d, d, 8, 8, False, False, False, cfg)
     fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
     ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)[^;]*?(?:gsb0, (0x[01]))?\s*;",
                      _sass(fn.__cubin__))
-    # exponentials between each "S done" wait (gsb0 <= 1) and the next "all done" (gsb0 <= 0)
-    between, n, open_ = [], 0, False
+    # per "S done" wait (gsb0 <= 1) up to the next "all done" (gsb0 <= 0): the exponentials
+    # in between, and whether an mbarrier arrive (K's release) comes before the first one
+    out, cur = [], None
     for op, depth in ops:
         if op == "WARPGROUP.DEPBAR.LE" and depth == "0x1":
-            open_, n = True, 0
-        elif op == "WARPGROUP.DEPBAR.LE" and depth == "0x0" and open_:
-            between.append(n); open_ = False
-        elif op == "MUFU.EX2" and open_:
-            n += 1
-    out[str(pin)] = between
+            cur = {"exp": 0, "arrive_first": False}
+        elif op == "WARPGROUP.DEPBAR.LE" and depth == "0x0" and cur is not None:
+            out.append(cur); cur = None
+        elif cur is not None and op == "MUFU.EX2":
+            cur["exp"] += 1
+        elif cur is not None and op.startswith("SYNCS.ARRIVE") and cur["exp"] == 0:
+            cur["arrive_first"] = True
+    return out
+
+tall = fwd_tile_config(64, 64, False, False, tall=True)
+d128 = fwd_tile_config(128, 128, False, False)
+out = {"tall": tall.pin_pv_wait, "d128": [d128.pin_pv_wait, d128.pin_pv_anchor]}
+for pin in (True, False):
+    out[f"tall,{pin}"] = windows(dataclasses.replace(tall, pin_pv_wait=pin), 64)
+out["d128,table"] = windows(d128, 128)
+out["d128,off"] = windows(dataclasses.replace(d128, pin_pv_wait=False, pin_pv_anchor=0), 128)
 print(json.dumps(out))
 """
 
 
 @pytest.mark.compile
 def test_pin_pv_wait_keeps_softmax_before_the_pv_wait(tmp_path):
-    # with the overlap, softmax(j) should run while P(j-1) V(j-1) is on the tensor cores: every
-    # exponential a thread computes for the S tile (2 rows x tile_n / 4 columns, + 2 row
-    # rescales) sits between the wait for S(j) and the wait for PV. Without pin_pv_wait,
-    # ptxas 13.0 hoists the PV wait to the top of the softmax (0 exponentials before it).
+    # with the overlap, softmax(j) should run while P(j-1) V(j-1) is on the tensor cores.
+    # Without pin_pv_wait, ptxas 13.0 hoists the PV wait to just below K(j)'s release at the
+    # top of the softmax (0 exponentials before it). The 192-row D=64 tile anchors it with the
+    # K release after the row sums: every exponential of the S tile (2 rows x tile_n / 4
+    # columns, + 2 row rescales) comes first. D=128 anchors it on a barrier of its own after 4
+    # probabilities: K is released before the first exponential, and some exponentials (at
+    # least the anchor's 4) run before the wait.
     r = run_json_snippet(_PV_WAIT_SNIPPET, tmp_path, timeout=900)
-    assert r["table"], r  # the tuning table turns it on for the D=64 192-row tile
-    assert r["True"] and min(r["True"]) >= 2 * 128 // 4, r
+    assert r["tall"] and r["d128"] == [True, 4], r  # what the tuning table picks
+    pinned, plain = r["tall,True"], r["tall,False"]
+    assert pinned and min(w["exp"] for w in pinned) >= 2 * 128 // 4, r
+    assert plain and max(w["exp"] for w in plain) == 0, r
+    table, off = r["d128,table"], r["d128,off"]
+    # the main-loop windows (the split loop's two, or more); the first tile has no PV wait
+    assert table and all(w["arrive_first"] and w["exp"] >= 4 for w in table), r
+    assert off and all(w["exp"] == 0 for w in off), r

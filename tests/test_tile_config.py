@@ -60,16 +60,27 @@ def test_tall_rows_only_for_dense_query_rows():
     assert not tall_rows(window, dense, False, 4096)
 
 
-def test_pin_pv_wait_only_for_the_tall_d64_tile():
-    # measured to pay for the 192-row D=64 tile only (docs/perf/tune_fwd_pin_h200.json)
+def test_pin_pv_wait_where_measured():
+    # the 192-row D=64 tile holds the PV wait with the K release (tune_fwd_pin_h200.json);
+    # D=96 / 128 with an anchor of its own on 4 probabilities (tune_fwd_anchor_k*_h200.json);
+    # off for the 64-row D=64 tile, D >= 192 and packed decode, where it lost or was neutral
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
     for causal, local in ((False, False), (True, False), (False, True)):
-        assert fwd_tile_config(64, 64, causal, local, tall=True).pin_pv_wait
-        for d, dv in ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
+        tall = fwd_tile_config(64, 64, causal, local, tall=True)
+        assert tall.pin_pv_wait and tall.pin_pv_anchor == 0
+        for d in (96, 128):
+            cfg = fwd_tile_config(d, d, causal, local)
+            assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 4
+        for d, dv in ((64, 64), (192, 192), (192, 128), (256, 256)):
             assert not fwd_tile_config(d, dv, causal, local).pin_pv_wait
+    assert not fwd_tile_config(128, 128, False, False, decode=True).pin_pv_wait
     with pytest.raises(ValueError, match="intra_wg_overlap"):
         FwdTileConfig(intra_wg_overlap=False, pin_pv_wait=True)
+    with pytest.raises(ValueError, match="needs pin_pv_wait"):
+        FwdTileConfig(pin_pv_anchor=4)
+    with pytest.raises(ValueError, match=">= 0"):
+        FwdTileConfig(pin_pv_wait=True, pin_pv_anchor=-1)
 
 
 def test_split_mask_loops_where_measured():

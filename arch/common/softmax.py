@@ -115,10 +115,11 @@ class OnlineSoftmax(DslStruct):
         return row_scale
 
     @cute.jit
-    def sum_of_row_sums(self) -> Float32:
-        """This thread's row sums added: >= 0 or NaN, and ready only once every row is."""
+    def sum_of_row_sums(self, rows: cutlass.Constexpr[int] = 0) -> Float32:
+        """This thread's first `rows` row sums added (0: all): >= 0 or NaN, and ready only
+        once each of those rows is."""
         total = self.row_sum[0]
-        for r in cutlass.range_constexpr(1, self.num_rows):
+        for r in cutlass.range_constexpr(1, min(rows, self.num_rows) if rows else self.num_rows):
             total = total + self.row_sum[r]
         return total
 

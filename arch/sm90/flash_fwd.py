@@ -49,7 +49,14 @@ from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, tr
 from ..common.mask import TileMask, apply_softcap
 from ..common.seqlen import InputFeatures, SeqInfo
 from ..common.softmax import OnlineSoftmax
-from .primitives import gemm, release_after, smem_layout, tma_pipeline, tma_tiles
+from .primitives import (
+    arrive_after,
+    gemm,
+    release_after,
+    smem_layout,
+    tma_pipeline,
+    tma_tiles,
+)
 from .tile_config import (
     L2_BYTES_SM90,
     SMEM_BYTES_PER_SM_SM90,
@@ -146,6 +153,14 @@ class FlashFwdSm90:
         )
         # rescaling O before the next PV GEMM only hides under S(j+1) with the overlap
         self.rescale_before_pv = cfg.rescale_before_pv and cfg.intra_wg_overlap
+        # pin_pv_wait holds the PV wait with the K release unless it has an anchor of its own
+        self.pin_by_k_release = cfg.pin_pv_wait and cfg.pin_pv_anchor == 0
+        # the anchor's probabilities: part of a thread's first row, or whole rows (a 64-row
+        # wgmma atom gives each thread 2 rows of tile_n / 4 columns)
+        cols = self.tile_n // 4
+        k = cfg.pin_pv_anchor
+        if k and not (k < cols or (k % cols == 0 and k // cols <= 2)):
+            raise ValueError(f"pin_pv_anchor {k}: < {cols}, {cols} or {2 * cols} (tile_n / 4)")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -231,6 +246,7 @@ class FlashFwdSm90:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_anchor: cutlass.Int64  # pin_pv_anchor: arrived on, never waited on
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -333,6 +349,11 @@ class FlashFwdSm90:
         pipe_q = tma_pipeline(storage.mbar_q, 1, self.tx_bytes_q, warps)
         pipe_k = tma_pipeline(storage.mbar_k, self.num_stages, self.tx_bytes_k, warps)
         pipe_v = tma_pipeline(storage.mbar_v, self.num_stages, self.tx_bytes_v, warps)
+        anchor = storage.mbar_anchor.ptr
+        if cutlass.const_expr(self.config.pin_pv_anchor > 0):
+            if warp_idx == 0:
+                cute.arch.mbarrier_init(anchor, 1)
+            cute.arch.mbarrier_init_fence()
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -397,7 +418,7 @@ class FlashFwdSm90:
                 self.mma(
                     tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
                     pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, out_batch, n_min, n_max,
-                    softmax_scale_log2, score_premul,
+                    softmax_scale_log2, score_premul, anchor,
                 )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
@@ -534,6 +555,7 @@ class FlashFwdSm90:
         n_max: Int32,
         softmax_scale_log2: Float32,
         score_premul: Float32,
+        anchor: cute.Pointer,
     ):
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
         # consumer warpgroup 0 .. N-1; marked warp-uniform so the wgmma descriptors derived from
@@ -622,7 +644,7 @@ class FlashFwdSm90:
                 kv_state, v_state = self._mma_tiles(
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_shape_s, acc_o, tOrP,
                     tScS, pending_scale, softmax, pipe_k, pipe_v, kv_state, v_state, mask, wg,
-                    m_block, top, count, test_mask, score_premul,
+                    m_block, top, count, test_mask, score_premul, anchor,
                 )  # fmt: skip
             # ---- last P V
             if cutlass.const_expr(self.rescale_before_pv):
@@ -677,6 +699,7 @@ class FlashFwdSm90:
         count: Int32,
         test_mask: cutlass.Constexpr,
         score_premul: Float32,
+        anchor: cute.Pointer,
     ):
         """Key tiles top - 1 down to top - count after the first: S(j) = Q K(j)^T, then
         P(j-1) V(j-1), then softmax(j) (under the PV GEMM with the overlap). `test_mask`: mask
@@ -701,7 +724,7 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.config.intra_wg_overlap):
                 self._sched_arrive(wg)
                 warpgroup.wait_group(1)  # S(j) done; P(j-1) V(j-1) may still run
-                if cutlass.const_expr(not self.config.pin_pv_wait):
+                if cutlass.const_expr(not self.pin_by_k_release):
                     pipe_k.consumer_release(kv_state)
             else:
                 # no overlap: P(j-1) V(j-1) completes before softmax(j) rescales O
@@ -715,8 +738,12 @@ class FlashFwdSm90:
             row_scale = softmax.step(acc_s, is_first=False)
             if cutlass.const_expr(self.config.intra_wg_overlap):
                 if cutlass.const_expr(self.config.pin_pv_wait):
-                    # keeps the P V wait below the whole softmax (see release_after)
-                    release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
+                    # keeps the P V wait below (part of) the softmax: ptxas hoists a wgmma
+                    # wait no higher than an mbarrier arrive, and these wait for their data
+                    if cutlass.const_expr(self.config.pin_pv_anchor > 0):
+                        arrive_after(anchor, self._anchor_dep(acc_s, softmax))
+                    else:
+                        release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
             if cutlass.const_expr(self.rescale_before_pv):
@@ -894,6 +921,21 @@ class FlashFwdSm90:
         hb = section * width + (within - m_rev * cur)
         batch = hb // num_h
         return num_m - 1 - m_rev, hb - batch * num_h, batch
+
+    def _anchor_dep(self, acc_s: cute.Tensor, softmax: OnlineSoftmax) -> Float32:
+        """What the pin_pv_wait anchor waits for: the first `pin_pv_anchor` probabilities of
+        this thread's (rows, cols) view in row order: whole rows through their row sums (no
+        extra math), else a partial row added as a tree. Plain Python at trace time."""
+        k = self.config.pin_pv_anchor
+        p = acc_as_rows_cols(acc_s)
+        cols = cute.size(p, mode=[1])
+        if k % cols == 0:
+            return softmax.sum_of_row_sums(k // cols)
+        vals = [p[0, c] for c in range(min(k, cols))]
+        while len(vals) > 1:
+            nxt = [vals[i] + vals[i + 1] for i in range(0, len(vals) - 1, 2)]
+            vals = nxt + ([vals[-1]] if len(vals) % 2 else [])
+        return vals[0]
 
     @cute.jit
     def _sched_wait(self, wg: Int32):

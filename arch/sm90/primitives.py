@@ -5,7 +5,10 @@
 * `tma_tiles`: (smem, gmem) TMA partitions of a tile pair (no multicast);
 * `gemm`: issue one warpgroup GEMM over all k-blocks and commit it as one wgmma group;
 * `tma_pipeline`: an mbarrier pipeline filled by one TMA-issuing thread and released once per
-  consumer warp.
+  consumer warp;
+* `release_after` / `arrive_after`: an mbarrier arrive (a stage's release, or an arrive on a
+  barrier nobody waits on) issued only once a value is computed, which keeps ptxas from
+  hoisting a later wgmma wait above that value's math.
 
 Torch-free; used inside @cute.jit / @cute.kernel code only.
 """
@@ -87,4 +90,14 @@ def release_after(
         pipe.consumer_release(state)
 
 
-__all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline", "release_after"]
+@cute.jit
+def arrive_after(mbar_ptr: cute.Pointer, dep: cutlass.Float32):
+    """One arrive per warp on `mbar_ptr`, issued only once `dep` is computed: the anchor of
+    `release_after` without releasing anything (the barrier is nobody's wait; its phases just
+    turn over). `dep` must never be -1 (sums of probabilities are not)."""
+    if dep != cutlass.Float32(-1.0):
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(mbar_ptr)
+
+
+__all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline", "release_after", "arrive_after"]

@@ -26,11 +26,16 @@ class FwdTileConfig:
     # with the overlap: rescale O by tile j's row scale in iteration j+1, after S(j+1) is
     # issued and before P(j) V(j), so the FMULs run under the QK GEMM instead of after PV
     rescale_before_pv: bool = False
-    # with the overlap: release K(j) after softmax(j), by data dependence on the row sums
-    # (arch/sm90/primitives.release_after). ptxas otherwise moves the P(j-1) V(j-1) wait
-    # (and the K arrive before it) to the start of softmax(j), so softmax(j) no longer runs
-    # while the PV GEMM is in flight (seen in the SASS and in ncu's stall samples)
+    # with the overlap: keep the P(j-1) V(j-1) wait below (part of) softmax(j). ptxas moves
+    # a wgmma wait up to the nearest mbarrier arrive above it, which is K(j)'s release right
+    # after S(j) lands, so by default softmax(j) starts only once the PV GEMM is done (seen in
+    # the SASS and in ncu's stall samples). An arrive issued only once some softmax value is
+    # computed (arch/sm90/primitives.release_after / arrive_after) holds the wait below it.
+    # pin_pv_anchor = 0: that arrive is K(j)'s release, after the row sums (K held longer);
+    # k > 0: an arrive on a barrier of its own (nobody waits on it) after the thread's first
+    # k probabilities in row order, and K(j) is released right after S(j) as without the pin
     pin_pv_wait: bool = False
+    pin_pv_anchor: int = 0
     # run the fully visible key tiles as a loop of their own, without mask code or a per-tile
     # test (the edge tiles that may need a mask keep the test); off: one loop testing each tile
     split_mask_loops: bool = False
@@ -67,6 +72,10 @@ class FwdTileConfig:
             raise ValueError("ctas_per_sm: 1, or 2 with one consumer warpgroup (register budget)")
         if self.pin_pv_wait and not self.intra_wg_overlap:
             raise ValueError("pin_pv_wait orders the overlap's PV wait: needs intra_wg_overlap")
+        if self.pin_pv_anchor < 0:
+            raise ValueError("pin_pv_anchor must be >= 0")
+        if self.pin_pv_anchor and not self.pin_pv_wait:
+            raise ValueError("pin_pv_anchor is how pin_pv_wait holds the wait: needs pin_pv_wait")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
@@ -156,7 +165,9 @@ def _dense_tile_config(
         # pin_pv_wait on (tune_fwd_pin_h200.json, round-robin, on / off): 16k 524 / 502, 4k
         # 456 / 440 TFLOP/s; 16k causal 495 / 482 (tune_fwd_pin_d64_causal_h200.json). Off
         # everywhere else: D=64 64-row tile 1k 402 / 412, 4k causal 385 / 403; D=256 4k 654 /
-        # 684, 16k causal 678 / 707; D=128 equal within 0.5% (D=96/192 not measured).
+        # 684, 16k causal 678 / 707; D=128 -3% (D=96 / 128 anchor it on a barrier of their
+        # own, below). Anchors here instead (tune_fwd_anchor_k64b_h200.json, k = 2 / 4 vs
+        # this): 16k 523 / 518 vs 516, 4k 486 / 479 vs 480: within 1.5%, not adopted.
         return FwdTileConfig(
             tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True, pin_pv_wait=True
         )
@@ -188,7 +199,16 @@ def _dense_tile_config(
         # split_mask_loops on (tune_fwd_split_h200.json, round-robin, on / off): 4k causal
         # 570 / 535, 16k causal 643 / 612, 4k 611 / 605, 16k 636 / 632, 1k 499 / 492. It loses
         # at D=256 (-3..-6%) and is neutral at D=64 (within 1%), where it stays off.
-        return FwdTileConfig(tile_n=128, split_mask_loops=True)
+        # pin_pv_wait with a 4-probability anchor (the P V wait after the row maxes and ~18
+        # exponentials instead of before the first one; round-robin, TFLOP/s, base / anchor,
+        # two runs, tune_fwd_anchor_k_h200.json and tune_fwd_anchor_k2_h200.json): 16k 636 /
+        # 675 and 630 / 665, 4k 609 / 639 and 605 / 635, 1k 516 / 534 and 509 / 527; causal
+        # within 0.3% (16k 649 / 649 and 644 / 644, 4k 552 / 552 twice, 1k 395 / 396). Anchors
+        # on 8-32 probabilities gain less (16k 646-654); the K release as the anchor
+        # (pin_pv_wait alone) loses (615 vs 634, tune_fwd_anchor_d128_h200.json). D=96, anchor
+        # / none (16 heads, tune_fwd_anchor_d96_h200.json): 16k 585 / 551, 4k 552 / 523, 4k
+        # causal 514 / 497. Window and softcap share the loop (not measured).
+        return FwdTileConfig(tile_n=128, split_mask_loops=True, pin_pv_wait=True, pin_pv_anchor=4)
     # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
     # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
     # D=256 16k 722 / 675 / 696, 16k causal 691 / 667 / 688, 4k 666 / 627 / 646, 1k 592 / 565 /
