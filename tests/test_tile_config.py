@@ -83,6 +83,24 @@ def test_pin_pv_wait_where_measured():
         FwdTileConfig(pin_pv_wait=True, pin_pv_anchor=-1)
 
 
+def test_pin_pv_anchor_counts_a_partial_row_or_whole_rows():
+    # the anchor waits for part of a thread's first row (< tile_n / 4 probabilities) or for
+    # whole rows (their row sums); anything else is rejected when the kernel is set up
+    import cutlass
+
+    from cute_attn.arch.sm90.flash_fwd import FlashFwdSm90
+
+    def kernel(k):
+        cfg = dataclasses.replace(fwd_tile_config(128, 128, False, False), pin_pv_anchor=k)
+        return FlashFwdSm90(cutlass.BFloat16, 128, 128, 1, False, False, False, cfg)
+
+    for k in (1, 4, 31, 32, 64):
+        kernel(k)
+    for k in (33, 40, 96):
+        with pytest.raises(ValueError, match="pin_pv_anchor"):
+            kernel(k)
+
+
 def test_split_mask_loops_where_measured():
     # on for D <= 128 (measured at D=128; D=96 takes the same branch), off for the D=64 tiles
     # (neutral) and D >= 192 (a loss at D=256)
