@@ -269,9 +269,11 @@ def windows(cfg, d):
 
 tall = fwd_tile_config(64, 64, False, False, tall=True)
 d128 = fwd_tile_config(128, 128, False, False)
-out = {"tall": tall.pin_pv_wait, "d128": [d128.pin_pv_wait, d128.pin_pv_anchor]}
-for pin in (True, False):
-    out[f"tall,{pin}"] = windows(dataclasses.replace(tall, pin_pv_wait=pin), 64)
+out = {n: [c.pin_pv_wait, c.pin_pv_anchor] for n, c in (("tall", tall), ("d128", d128))}
+out["tall,table"] = windows(tall, 64)
+krel = dataclasses.replace(tall, pin_pv_anchor=0, split_mask_loops=False)
+out["tall,krel"] = windows(krel, 64)
+out["tall,off"] = windows(dataclasses.replace(krel, pin_pv_wait=False), 64)
 out["d128,table"] = windows(d128, 128)
 out["d128,off"] = windows(dataclasses.replace(d128, pin_pv_wait=False, pin_pv_anchor=0), 128)
 print(json.dumps(out))
@@ -282,17 +284,20 @@ print(json.dumps(out))
 def test_pin_pv_wait_keeps_softmax_before_the_pv_wait(tmp_path):
     # with the overlap, softmax(j) should run while P(j-1) V(j-1) is on the tensor cores.
     # Without pin_pv_wait, ptxas 13.0 hoists the PV wait to just below K(j)'s release at the
-    # top of the softmax (0 exponentials before it). The 192-row D=64 tile anchors it with the
-    # K release after the row sums: every exponential of the S tile (2 rows x tile_n / 4
-    # columns, + 2 row rescales) comes first. D=128 anchors it on a barrier of its own after 4
-    # probabilities: K is released before the first exponential, and some exponentials (at
-    # least the anchor's 4) run before the wait.
+    # top of the softmax (0 exponentials before it). With the anchor on a barrier of its own
+    # after k probabilities (the table: k = 2 at D=64, 4 at D=128), K is released before the
+    # first exponential and some exponentials (at least the anchor's k) run before the wait.
+    # The K release as the anchor (pin_pv_anchor=0, no table entry now) holds the wait after
+    # the row sums: every exponential of the S tile (2 rows x tile_n / 4 columns, + 2 row
+    # rescales) comes first.
     r = run_json_snippet(_PV_WAIT_SNIPPET, tmp_path, timeout=900)
-    assert r["tall"] and r["d128"] == [True, 4], r  # what the tuning table picks
-    pinned, plain = r["tall,True"], r["tall,False"]
-    assert pinned and min(w["exp"] for w in pinned) >= 2 * 128 // 4, r
-    assert plain and max(w["exp"] for w in plain) == 0, r
-    table, off = r["d128,table"], r["d128,off"]
-    # the main-loop windows (the split loop's two, or more); the first tile has no PV wait
-    assert table and all(w["arrive_first"] and w["exp"] >= 4 for w in table), r
+    assert r["tall"] == [True, 2] and r["d128"] == [True, 4], r  # what the tuning table picks
+    for name, k in (("tall", 2), ("d128", 4)):
+        # the main-loop windows (the split loop's two, or more); the first tile has no PV wait
+        table = r[f"{name},table"]
+        assert table and all(w["arrive_first"] and w["exp"] >= k for w in table), r
+    krel, off = r["tall,krel"], r["tall,off"]
+    assert krel and min(w["exp"] for w in krel) >= 2 * 128 // 4, r
+    assert off and max(w["exp"] for w in off) == 0, r
+    off = r["d128,off"]
     assert off and all(w["exp"] == 0 for w in off), r

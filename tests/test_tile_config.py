@@ -61,18 +61,19 @@ def test_tall_rows_only_for_dense_query_rows():
 
 
 def test_pin_pv_wait_where_measured():
-    # the 192-row D=64 tile holds the PV wait with the K release (tune_fwd_pin_h200.json);
-    # D=96 / 128 with an anchor of its own on 4 probabilities (tune_fwd_anchor_k*_h200.json);
-    # off for the 64-row D=64 tile, D >= 192 and packed decode, where it lost or was neutral
+    # D=64 (both tiles) holds the PV wait with an anchor on 2 probabilities, next to the split
+    # loops (tune_fwd_d64_split*_h200.json); D=96 / 128 with an anchor on 4
+    # (tune_fwd_anchor_k*_h200.json); off for D >= 192 and packed decode, where it lost
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
     for causal, local in ((False, False), (True, False), (False, True)):
-        tall = fwd_tile_config(64, 64, causal, local, tall=True)
-        assert tall.pin_pv_wait and tall.pin_pv_anchor == 0
+        for tall in (False, True):
+            cfg = fwd_tile_config(64, 64, causal, local, tall=tall)
+            assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 2
         for d in (96, 128):
             cfg = fwd_tile_config(d, d, causal, local)
             assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 4
-        for d, dv in ((64, 64), (192, 192), (192, 128), (256, 256)):
+        for d, dv in ((192, 192), (192, 128), (256, 256)):
             assert not fwd_tile_config(d, dv, causal, local).pin_pv_wait
     assert not fwd_tile_config(128, 128, False, False, decode=True).pin_pv_wait
     with pytest.raises(ValueError, match="intra_wg_overlap"):
@@ -102,14 +103,14 @@ def test_pin_pv_anchor_counts_a_partial_row_or_whole_rows():
 
 
 def test_split_mask_loops_where_measured():
-    # on for D <= 128 (measured at D=128; D=96 takes the same branch), off for the D=64 tiles
-    # (neutral) and D >= 192 (a loss at D=256)
+    # on for D <= 128 (measured at D=128 and, with an anchor, at both D=64 tiles; D=96 takes
+    # the D=128 branch), off for D >= 192 (a loss at D=256)
     for causal, local in ((False, False), (True, False), (False, True)):
-        assert fwd_tile_config(128, 128, causal, local).split_mask_loops
-        assert fwd_tile_config(96, 96, causal, local).split_mask_loops
-        for d, dv in ((64, 64), (192, 192), (192, 128), (256, 256)):
+        for d in (64, 96, 128):
+            assert fwd_tile_config(d, d, causal, local).split_mask_loops
+        assert fwd_tile_config(64, 64, causal, local, tall=True).split_mask_loops
+        for d, dv in ((192, 192), (192, 128), (256, 256)):
             assert not fwd_tile_config(d, dv, causal, local).split_mask_loops
-        assert not fwd_tile_config(64, 64, causal, local, tall=True).split_mask_loops
 
 
 def test_bwd_split_mask_loops_where_measured():

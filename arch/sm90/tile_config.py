@@ -166,10 +166,20 @@ def _dense_tile_config(
         # 456 / 440 TFLOP/s; 16k causal 495 / 482 (tune_fwd_pin_d64_causal_h200.json). Off
         # everywhere else: D=64 64-row tile 1k 402 / 412, 4k causal 385 / 403; D=256 4k 654 /
         # 684, 16k causal 678 / 707; D=128 -3% (D=96 / 128 anchor it on a barrier of their
-        # own, below). Anchors here instead (tune_fwd_anchor_k64b_h200.json, k = 2 / 4 vs
-        # this): 16k 523 / 518 vs 516, 4k 486 / 479 vs 480: within 1.5%, not adopted.
+        # own, below). Anchors alone (tune_fwd_anchor_k64b_h200.json, k = 2 / 4 vs the K
+        # release): 16k 523 / 518 vs 516, 4k 486 / 479 vs 480: within 1.5%.
+        # split_mask_loops with a 2-probability anchor, against the K-release pin without the
+        # split (round-robin, TFLOP/s, two runs: tune_fwd_d64_split_h200.json and
+        # tune_fwd_d64_split_confirm_tall_h200.json): 16k 516 / 509 and 518 / 510, 4k 466 /
+        # 464 and 474 / 472, 16k causal 493 / 483 and 494 / 485. The split alone: -0.8..+1.4%.
         return FwdTileConfig(
-            tile_m=192, num_mma_warpgroups=3, pingpong=True, lpt_l2_sections=True, pin_pv_wait=True
+            tile_m=192,
+            num_mma_warpgroups=3,
+            pingpong=True,
+            lpt_l2_sections=True,
+            split_mask_loops=True,
+            pin_pv_wait=True,
+            pin_pv_anchor=2,
         )
     if head_dim <= 64:
         # 64-row tiles, one consumer warpgroup, two CTAs per SM (128 launch registers, 56 / 200
@@ -182,8 +192,20 @@ def _dense_tile_config(
         # ping-pong on under a mask (4k causal 377 -> 395, 1k causal 262 -> 275,
         # tune_fwd_pingpong_l2_h200.json); exp2_emu_every off (every 4th exponential on the FMA
         # pipe -8..-10%, every 8th -1..-2%, tune_exp2_emu_d64_h200.json); overlap on (off: 388
-        # vs 445 at 16k, tune_d64_tiles.json).
-        return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, pingpong=False, ctas_per_sm=2)
+        # vs 445 at 16k, tune_d64_tiles.json). split_mask_loops with a 2-probability P V anchor
+        # against neither (round-robin, TFLOP/s, two runs: tune_fwd_d64_split_h200.json and
+        # tune_fwd_d64_split_confirm_short_h200.json): 1k 392 / 389 and 393 / 388, 1k causal
+        # 321 / 314 (second run), 4k causal 401 / 390 and 411 / 399. The 192-row tile at these
+        # lengths still loses with both (same file: 1k 355, 1k causal 236, 4k causal 392).
+        return FwdTileConfig(
+            tile_m=64,
+            num_mma_warpgroups=1,
+            pingpong=False,
+            ctas_per_sm=2,
+            split_mask_loops=True,
+            pin_pv_wait=True,
+            pin_pv_anchor=2,
+        )
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
         # (16k: 615 on / 626 off; 1k causal: 292 on / 283 off): kept on. 3 stages: no gain
@@ -198,7 +220,9 @@ def _dense_tile_config(
         # 631 / 631, 4k causal 535 / 525 / 521 / 527: still not adopted.
         # split_mask_loops on (tune_fwd_split_h200.json, round-robin, on / off): 4k causal
         # 570 / 535, 16k causal 643 / 612, 4k 611 / 605, 16k 636 / 632, 1k 499 / 492. It loses
-        # at D=256 (-3..-6%) and is neutral at D=64 (within 1%), where it stays off.
+        # at D=256 (-3..-6%), where it stays off. LPT over L2 sections of heads, base /
+        # sections (tune_fwd_d128_causal_l2_h200.json): 4k causal 538 / 549, 1k causal 386 /
+        # 365, 16k causal 631 / 623: would need a length bucket for +2% at 4k; off.
         # pin_pv_wait with a 4-probability anchor (the P V wait after the row maxes and ~18
         # exponentials instead of before the first one; round-robin, TFLOP/s, base / anchor,
         # two runs, tune_fwd_anchor_k_h200.json and tune_fwd_anchor_k2_h200.json): 16k 636 /
