@@ -285,14 +285,15 @@ def test_pin_pv_wait_keeps_softmax_before_the_pv_wait(tmp_path):
     # with the overlap, softmax(j) should run while P(j-1) V(j-1) is on the tensor cores.
     # Without pin_pv_wait, ptxas 13.0 hoists the PV wait to just below K(j)'s release at the
     # top of the softmax (0 exponentials before it). With the anchor on a barrier of its own
-    # after k probabilities (the table: k = 2 at D=64, 4 at D=128), K is released before the
-    # first exponential and some exponentials (at least the anchor's k) run before the wait.
+    # after k probabilities (the table: k = 4 at D=128 and at the 192-row D=64 tile), K is
+    # released before the first exponential and some exponentials (at least the anchor's k)
+    # run before the wait.
     # The K release as the anchor (pin_pv_anchor=0, no table entry now) holds the wait after
     # the row sums: every exponential of the S tile (2 rows x tile_n / 4 columns, + 2 row
     # rescales) comes first.
     r = run_json_snippet(_PV_WAIT_SNIPPET, tmp_path, timeout=900)
-    assert r["tall"] == [True, 2] and r["d128"] == [True, 4], r  # what the tuning table picks
-    for name, k in (("tall", 2), ("d128", 4)):
+    assert r["tall"] == [True, 4] and r["d128"] == [True, 4], r  # what the tuning table picks
+    for name, k in (("tall", 4), ("d128", 4)):
         # the main-loop windows (the split loop's two, or more); the first tile has no PV wait
         table = r[f"{name},table"]
         assert table and all(w["arrive_first"] and w["exp"] >= k for w in table), r

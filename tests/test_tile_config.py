@@ -61,15 +61,16 @@ def test_tall_rows_only_for_dense_query_rows():
 
 
 def test_pin_pv_wait_where_measured():
-    # D=64 (both tiles) holds the PV wait with an anchor on 2 probabilities, next to the split
-    # loops (tune_fwd_d64_split*_h200.json); D=96 / 128 with an anchor on 4
+    # D=64 holds the PV wait with an anchor on 2 probabilities (64-row tile) or 4 (192-row
+    # tile, with row_max_form 2), next to the split loops (tune_fwd_d64_split*_h200.json,
+    # tune_fwd_rowmax_*_h200.json); D=96 / 128 with an anchor on 4
     # (tune_fwd_anchor_k*_h200.json); off for D >= 192 and packed decode, where it lost
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
     for causal, local in ((False, False), (True, False), (False, True)):
-        for tall in (False, True):
+        for tall, k in ((False, 2), (True, 4)):
             cfg = fwd_tile_config(64, 64, causal, local, tall=tall)
-            assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 2
+            assert cfg.pin_pv_wait and cfg.pin_pv_anchor == k
         for d in (96, 128):
             cfg = fwd_tile_config(d, d, causal, local)
             assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 4
@@ -139,3 +140,16 @@ def test_bwd_dq_swizzle_where_measured():
             assert bwd_tile_config(d, d, causal, local, softcap, True).dq_swizzle == 128
     with pytest.raises(ValueError, match="dq_swizzle"):
         BwdTileConfig(dq_swizzle=16)
+
+
+def test_row_max_form_where_measured():
+    # the four-chain, maxes-first row max only on the 192-row D=64 tile (+3-5% unmasked,
+    # tune_fwd_rowmax_*_h200.json); it lost at D=128 / 256 and on the 64-row tile's 4k causal
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    for causal, local in ((False, False), (True, False), (False, True)):
+        assert fwd_tile_config(64, 64, causal, local, tall=True).row_max_form == 2
+        for d, dv in ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
+            assert fwd_tile_config(d, dv, causal, local).row_max_form == 0
+    with pytest.raises(ValueError, match="row_max_form"):
+        FwdTileConfig(row_max_form=3)

@@ -47,6 +47,17 @@ def _row_sum_ilp(s: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
     return (part[0] + part[1]) + (part[2] + part[3])
 
 
+@cute.jit
+def _row_max_ilp(s: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
+    """Max of row r as four independent FMNMX chains joined pairwise (FA4's shape for SM90);
+    the generic reduce builds a tree that ptxas interleaves with the other row's work."""
+    n = cute.size(s, mode=[1])
+    part = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
+    for j in cutlass.range_constexpr(4, n):
+        part[j % 4] = cute.arch.fmax(part[j % 4], s[r, j])
+    return cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
+
+
 class OnlineSoftmax(DslStruct):
     """Per-thread softmax state for the rows this thread holds (2 per 64-row wgmma atom).
 
@@ -62,10 +73,15 @@ class OnlineSoftmax(DslStruct):
         num_rows: int,
         rescale_threshold: float,
         exp2_emu_every: int = 0,
+        row_max_form: int = 1,
     ):
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
         self.rescale_threshold = rescale_threshold
+        # how a row's max is reduced (FwdTileConfig.row_max_form): 0 the DSL reduce and
+        # shuffle steps as they come, 1 the shuffle steps as one FMNMX each, 2 four FMNMX
+        # chains per row and every row's max before any row's exponentials
+        self.row_max_form = row_max_form
         # 0: all exponentials on the SFU; k: every k-th column of a row on the FMA pipe
         self.exp2_emu_every = exp2_emu_every
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -81,9 +97,15 @@ class OnlineSoftmax(DslStruct):
         """Turn scores `acc_s` into probabilities in place; return the per-row O rescale."""
         s = acc_as_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        maxes_first = self.row_max_form == 2
+        tile_maxes = [None] * self.num_rows
+        if cutlass.const_expr(maxes_first):
+            for r in cutlass.range_constexpr(self.num_rows):
+                tile_maxes[r] = self._tile_max(s, r)
         for r in cutlass.range_constexpr(self.num_rows):
-            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max = cute.arch.warp_reduction_max(tile_max, threads_in_group=4)
+            tile_max = tile_maxes[r] if cutlass.const_expr(maxes_first) else None
+            if cutlass.const_expr(not maxes_first):
+                tile_max = self._tile_max(s, r)
             m_old = self.row_max[r]
             m_new = cute.arch.fmax(m_old, tile_max)
             if cutlass.const_expr(is_first):
@@ -113,6 +135,16 @@ class OnlineSoftmax(DslStruct):
             else:
                 self.row_sum[r] = self.row_sum[r] * row_scale[r] + tile_sum
         return row_scale
+
+    def _tile_max(self, s: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
+        if cutlass.const_expr(self.row_max_form == 2):
+            return cute.arch.warp_reduction_max(_row_max_ilp(s, r), threads_in_group=4)
+        tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+        if cutlass.const_expr(self.row_max_form == 0):
+            return cute.arch.warp_reduction_max(tile_max, threads_in_group=4)
+        # as Float32 the shuffle steps use one FMNMX each; the reduce's own result type takes
+        # the DSL's generic max (compare, NaN test, select) on the first step
+        return cute.arch.warp_reduction_max(Float32(tile_max), threads_in_group=4)
 
     @cute.jit
     def sum_of_row_sums(self, rows: cutlass.Constexpr[int] = 0) -> Float32:

@@ -584,6 +584,7 @@ class FlashFwdSm90:
             num_rows,
             self.config.rescale_threshold,
             self.config.exp2_emu_every,
+            self.config.row_max_form,
         )
         softmax.reset()
         acc_o.fill(0.0)

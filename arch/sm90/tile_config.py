@@ -56,6 +56,10 @@ class FwdTileConfig:
     # split-KV only: signal griddepcontrol.launch_dependents (the PDL-launched combine may
     # become resident) at kernel start (True) or once the consumers reach the epilogue
     early_dependents: bool = False
+    # softmax row max: 0 the DSL's reduce and shuffle steps as they come (the first shuffle
+    # step a compare / NaN test / select), 1 one FMNMX per shuffle step, 2 four FMNMX chains
+    # per row, every row's max before any row's exponentials (FA4's shape)
+    row_max_form: int = 0
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
@@ -76,6 +80,8 @@ class FwdTileConfig:
             raise ValueError("pin_pv_anchor must be >= 0")
         if self.pin_pv_anchor and not self.pin_pv_wait:
             raise ValueError("pin_pv_anchor is how pin_pv_wait holds the wait: needs pin_pv_wait")
+        if self.row_max_form not in (0, 1, 2):
+            raise ValueError(f"row_max_form {self.row_max_form} must be 0, 1 or 2")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
@@ -172,6 +178,13 @@ def _dense_tile_config(
         # split (round-robin, TFLOP/s, two runs: tune_fwd_d64_split_h200.json and
         # tune_fwd_d64_split_confirm_tall_h200.json): 16k 516 / 509 and 518 / 510, 4k 466 /
         # 464 and 474 / 472, 16k causal 493 / 483 and 494 / 485. The split alone: -0.8..+1.4%.
+        # row_max_form=2 with a 4-probability anchor (ncu, 16k: 51k samples of MUFU stalled
+        # on MIO throttle vs FA4's 35k, most in a burst of row 0's exponentials while row 1's
+        # max was still reducing; FA4 reduces every row's max first). Round-robin, TFLOP/s,
+        # old table (form 0, k = 2) / form 1 / form 2 / form 2 with k = 4
+        # (tune_fwd_rowmax_c_h200.json): 16k 519 / 518 / 533 / 539, 4k 468 / 473 / 482 / 490,
+        # 16k causal 496 / 499 / 499 / 498; k = 2 / 4 with form 2 in another run
+        # (tune_fwd_rowmax_k_h200.json): 16k 528 / 536, 4k 488 / 494, 16k causal 501 / 501.
         return FwdTileConfig(
             tile_m=192,
             num_mma_warpgroups=3,
@@ -179,7 +192,8 @@ def _dense_tile_config(
             lpt_l2_sections=True,
             split_mask_loops=True,
             pin_pv_wait=True,
-            pin_pv_anchor=2,
+            pin_pv_anchor=4,
+            row_max_form=2,
         )
     if head_dim <= 64:
         # 64-row tiles, one consumer warpgroup, two CTAs per SM (128 launch registers, 56 / 200
@@ -197,6 +211,9 @@ def _dense_tile_config(
         # tune_fwd_d64_split_confirm_short_h200.json): 1k 392 / 389 and 393 / 388, 1k causal
         # 321 / 314 (second run), 4k causal 401 / 390 and 411 / 399. The 192-row tile at these
         # lengths still loses with both (same file: 1k 355, 1k causal 236, 4k causal 392).
+        # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_c_h200.json, tune_fwd_rowmax_a_h200.json): 1k
+        # 391 / 398 / 401 and 395 / 402 / 405, 4k causal 407 / 403 / 401 and 409 / 407 / 405,
+        # 1k causal 320 / 320 / 320: form 0 kept for the >= 4k row.
         return FwdTileConfig(
             tile_m=64,
             num_mma_warpgroups=1,
@@ -232,6 +249,9 @@ def _dense_tile_config(
         # (pin_pv_wait alone) loses (615 vs 634, tune_fwd_anchor_d128_h200.json). D=96, anchor
         # / none (16 heads, tune_fwd_anchor_d96_h200.json): 16k 585 / 551, 4k 552 / 523, 4k
         # causal 514 / 497. Window and softcap share the loop (not measured).
+        # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_*_h200.json): 16k 665 / 662 / 653, 4k 638 /
+        # 639 / 631, 4k causal 553 / 559 / 555, 16k causal 644 / 641 / 646, 1k 501 / 504 / 498:
+        # form 1 within 1%, form 2 -1..-2% unmasked; form 0 kept.
         return FwdTileConfig(tile_n=128, split_mask_loops=True, pin_pv_wait=True, pin_pv_anchor=4)
     # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
     # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
@@ -250,6 +270,8 @@ def _dense_tile_config(
             tile_n=112 if head_dim_v > 128 else 128, pingpong=False, lpt_l2_sections=True
         )
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
+    # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_b_h200.json): 16k 721 / 718 / 692, 4k causal
+    # 630 / 630 / 629; form 0 kept.
     return FwdTileConfig(tile_n=80, pingpong=False, lpt_l2_sections=True)
 
 
