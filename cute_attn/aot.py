@@ -58,8 +58,9 @@ FWD_INPUTS = (
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
 )  # fmt: skip
-# split partials and packed sequences leave registers by predicated stores, not the TMA store
-DIRECT_STORE_INPUTS = ("split_kv", "cu_seqlens_q")
+# split partials (fp32) leave registers by predicated stores, not the TMA store; packed
+# sequences use the TMA store through a ragged view (arch/common/seqlen.ragged_rows)
+DIRECT_STORE_INPUTS = ("split_kv",)
 
 
 def _nvdisasm() -> str | None:

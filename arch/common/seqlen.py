@@ -46,9 +46,9 @@ class InputFeatures:
 
     @property
     def direct_store(self) -> bool:
-        """O leaves registers with predicated stores instead of the TMA store: a packed tile
-        must not spill into the next sequence, and split partials are fp32."""
-        return self.cu_seqlens_q or self.split_kv
+        """O leaves registers with predicated stores instead of the TMA store: split partials
+        are fp32 (and stacked by split). Packed q takes the TMA store over `ragged_rows`."""
+        return self.split_kv
 
     @property
     def clean_v_tail(self) -> bool:
@@ -57,6 +57,29 @@ class InputFeatures:
         still gives 0 * NaN = NaN. Dense inputs need no cleaning: past the tensor's end the
         TMA fills zeros."""
         return self.seqused_k or self.cu_seqlens_k or self.paged_kv
+
+
+# `ragged_rows`: the seq extent the TMA sees (rows at or past it are clipped on store) and the
+# extent of the mode that carries each sequence's end; both inside the TMA's 32-bit box ranges
+RAGGED_EXTENT = 1 << 30
+RAGGED_ENDS = (1 << 31) - 1
+
+
+def ragged_rows(t: cute.Tensor) -> cute.Tensor:
+    """A view of packed t (seq, dim, head, 1) for a TMA store that stops at each sequence's
+    end (FA4 / quack build the same view): seq extent RAGGED_EXTENT, the pointer moved back by
+    RAGGED_EXTENT rows, and the unit batch mode replaced by one of the seq stride. Element
+    (RAGGED_EXTENT - L + i, d, h, o + L) is then row o + i of t, and the TMA clips every
+    i >= L (`SeqInfo.ragged_rows_q` takes that view of one sequence)."""
+    s_seq = t.stride[0]
+    shifted = cute.domain_offset((-RAGGED_EXTENT, 0, 0, 0), t).iterator
+    # the two extents as runtime values: as constants the layout's static size (~2^73)
+    # overflows inside the DSL's layout algebra (a C++ bad_variant_access abort)
+    layout = cute.make_layout(
+        (Int32(RAGGED_EXTENT), t.shape[1], t.shape[2], Int32(RAGGED_ENDS)),
+        stride=(s_seq, t.stride[1], t.stride[2], s_seq),
+    )
+    return cute.make_tensor(shifted, layout)
 
 
 class SeqInfo(DslStruct):
@@ -109,6 +132,12 @@ class SeqInfo(DslStruct):
         if cutlass.const_expr(self.features.cu_seqlens_q):
             return cute.domain_offset((self.offset_q, 0), t)
         return t
+
+    def ragged_rows_q(self, t: cute.Tensor, head: Int32) -> cute.Tensor:
+        """(seq, dim) view of one head of `ragged_rows(out)` (or its TMA coordinates) whose
+        row i is this sequence's row i, clipped by the TMA from row seqlen_q on."""
+        ends = t[None, None, head, self.offset_q + self.seqlen_q]
+        return cute.domain_offset((RAGGED_EXTENT - self.seqlen_q, 0), ends)
 
     def rows_k(self, t: cute.Tensor) -> cute.Tensor:
         if cutlass.const_expr(self.features.cu_seqlens_k and not self.features.paged_kv):

@@ -11,9 +11,10 @@ One CTA computes one (tile_m query rows, head, batch) output tile:
     flight; with ping-pong the consumer warpgroups take turns issuing GEMMs (named barriers)
     so one warpgroup's softmax hides under the other's tensor-core work;
   * epilogue: O is normalized, converted, written to smem (aliasing Q) with stmatrix and
-    stored by TMA (which clips rows past seqlen_q); lse (natural log) is written per row.
-    Packed (varlen) and split-KV variants store O from registers with a row predicate instead
-    (a packed tile's last rows belong to the next sequence; split partials are fp32).
+    stored by TMA (which clips rows past seqlen_q; packed q stores through a ragged view
+    whose extent ends at each sequence's last row, `seqlen.ragged_rows`); lse (natural log)
+    is written per row. Split-KV variants store their fp32 partials from registers with a
+    row predicate instead.
 
 Optional inputs (`InputFeatures`, arch/common/seqlen.py; presence is static): cu_seqlens_q/k
 (packed sequences, one CTA row range each), seqused_q (rows used per packed sequence),
@@ -47,7 +48,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..common.convert import convert_pairs
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
-from ..common.seqlen import InputFeatures, SeqInfo
+from ..common.seqlen import InputFeatures, SeqInfo, ragged_rows
 from ..common.softmax import OnlineSoftmax
 from .primitives import (
     arrive_after,
@@ -138,9 +139,9 @@ class FlashFwdSm90:
         feats = self.features
         if feats.paged_kv and not (feats.seqused_k or feats.cu_seqlens_k):
             raise ValueError("paged_kv needs key lengths: seqused_k or cu_seqlens_k")
-        if feats.seqused_q and not feats.direct_store:
-            # the TMA store clips at the tensor's end, not at a sequence's used rows
-            raise ValueError("seqused_q needs packed q (cu_seqlens_q): predicated stores")
+        if feats.seqused_q and not (feats.cu_seqlens_q or feats.split_kv):
+            # the dense TMA store clips at the tensor's end, not at a sequence's used rows
+            raise ValueError("seqused_q needs packed q (cu_seqlens_q) or split-KV partials")
         if feats.paged_kv and feats.kv_batch_idx:
             raise ValueError("paged_kv maps batch rows to pages itself: no kv_batch_idx")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
@@ -234,8 +235,14 @@ class FlashFwdSm90:
         )
         tma_atom_O, tma_O = None, mO
         if cutlass.const_expr(not feats.direct_store):
+            # packed q: a view whose seq extent ends at each sequence's last row, so a tile
+            # crossing into the next packed sequence is clipped there
+            mO_store = ragged_rows(mO) if cutlass.const_expr(feats.cu_seqlens_q) else mO
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim_v)
+                cpasync.CopyBulkTensorTileS2GOp(),
+                mO_store,
+                sO_layout,
+                (self.tile_m, self.head_dim_v),
             )
         self.tx_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.tx_bytes_k = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
@@ -787,25 +794,25 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.features.direct_store):
             self._store_o_direct(tiled_mma_pv, mO, acc_o, tOcO, tidx, seq, m_block, head, out_batch)
         else:
-            self._store_o_tma(
-                tiled_mma_pv, tma_atom_O, mO, sO, acc_o, tidx, m_block, head, out_batch
-            )
+            mO_head = mO[None, None, head, out_batch]
+            if cutlass.const_expr(self.features.cu_seqlens_q):
+                mO_head = seq.ragged_rows_q(mO, head)
+            self._store_o_tma(tiled_mma_pv, tma_atom_O, mO_head, sO, acc_o, tidx, m_block)
 
     @cute.jit
     def _store_o_tma(
         self,
         tiled_mma_pv: cute.TiledMma,
         tma_atom_O: cute.CopyAtom,
-        mO: cute.Tensor,
+        mO_head: cute.Tensor,
         sO: cute.Tensor,
         acc_o: cute.Tensor,
         tidx: Int32,
         m_block: Int32,
-        head: Int32,
-        out_batch: Int32,
     ):
-        """Registers -> smem (stmatrix, aliasing Q) -> TMA store, which clips rows past the
-        tensor's seq extent (dense inputs: that is seqlen_q)."""
+        """Registers -> smem (stmatrix, aliasing Q) -> TMA store into `mO_head` (one head's
+        (seq, dim) TMA coordinates), which clips rows past its seq extent: seqlen_q for dense
+        inputs, the sequence's end for packed ones (`ragged_rows`)."""
         roles = self.roles
         r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
         r_o.store(acc_o.load().to(self.dtype))
@@ -821,9 +828,7 @@ class FlashFwdSm90:
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.store_warp:
-            gO = cute.local_tile(
-                mO[None, None, head, out_batch], (self.tile_m, self.head_dim_v), (m_block, 0)
-            )
+            gO = cute.local_tile(mO_head, (self.tile_m, self.head_dim_v), (m_block, 0))
             tOsO, tOgO = tma_tiles(tma_atom_O, sO, gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()

@@ -1,0 +1,77 @@
+"""The same causal problem as dense tensors and as packed sequences of equal length
+(cu_seqlens, every sequence a multiple of 128 rows), for cute_attn and FA4, timed round-robin
+in one process: what the packed path costs over the dense one, per library.
+
+Run on the GPU machine (FA4 importable), with the per-call host checks off so that only the
+kernels differ: CUTE_ATTN_CHECK_VALUES=0 python3 scripts/varlen_vs_dense.py; writes
+$OUT/varlen_vs_dense_h200.json (or ./ without OUT). Medians of 20 rounds of 3 calls.
+"""
+
+import json
+import os
+import statistics
+
+import torch
+from flash_attn.cute import flash_attn_func as fa4
+from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
+
+import cute_attn
+from cute_attn.bench import visible_pairs
+
+REPS, INNER = 20, 3
+ROWS = ((4, 4096, 32, 8), (4, 4096, 16, 16), (16, 1024, 32, 8))  # batch, seqlen, H, Hkv
+
+
+def time_round_robin(fns: dict) -> dict:
+    times = {n: [] for n in fns}
+    for f in fns.values():
+        for _ in range(3):
+            f()
+    torch.cuda.synchronize()
+    for _ in range(REPS):
+        for n, f in fns.items():
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for _ in range(INNER):
+                f()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end) / INNER)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def row_fns(b: int, s: int, h: int, hk: int) -> dict:
+    q = torch.randn(b, s, h, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, hk, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, s, hk, 128, device="cuda", dtype=torch.bfloat16)
+    qp, kp, vp = (x.reshape(b * s, *x.shape[2:]) for x in (q, k, v))
+    cu = torch.arange(0, b + 1, dtype=torch.int32, device="cuda") * s
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s, causal=True)
+    return {
+        "cute_dense": lambda: cute_attn.flash_attn_func(q, k, v, causal=True),
+        "cute_varlen": lambda: cute_attn.flash_attn_varlen_func(qp, kp, vp, **kw),
+        "fa4_dense": lambda: fa4(q, k, v, causal=True),
+        "fa4_varlen": lambda: fa4_varlen(qp, kp, vp, **kw),
+    }
+
+
+def main():
+    torch.manual_seed(0)
+    res = {}
+    for b, s, h, hk in ROWS:
+        fns = row_fns(b, s, h, hk)
+        dense = fns["cute_dense"]()[0].reshape(b * s, h, 128)
+        diff = (dense.float() - fns["cute_varlen"]()[0].float()).abs().max().item()
+        print("dense vs varlen max diff", diff)  # the same rows, the same math
+        assert diff == 0.0
+        flops = 4 * b * h * 128 * visible_pairs(s, s, True)
+        t = time_round_robin(fns)
+        name = f"b{b} s{s} h{h}/{hk} d128 causal"
+        res[name] = {n: dict(ms=m, tflops=flops / m / 1e9) for n, m in t.items()}
+        print(name, {n: round(flops / m / 1e9, 1) for n, m in t.items()})
+    path = os.path.join(os.environ.get("OUT", "."), "varlen_vs_dense_h200.json")
+    json.dump(res, open(path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
