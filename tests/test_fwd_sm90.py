@@ -302,3 +302,33 @@ def test_pin_pv_wait_keeps_softmax_before_the_pv_wait(tmp_path):
     assert off and max(w["exp"] for w in off) == 0, r
     off = r["d128,off"]
     assert off and all(w["exp"] == 0 for w in off), r
+
+
+_ROW_MAX_SNIPPET = r"""
+import dataclasses, json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+
+out = {}
+for form in (0, 1):
+    cfg = dataclasses.replace(fwd_tile_config(64, 64, False, False), row_max_form=form)
+    spec = FwdSpec("bfloat16", 64, 64, 8, 8, False, False, False, cfg)
+    sass = _sass(compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    out[form] = {op: sass.count(op) for op in ("FSETP.NAN", "SHFL.BFLY", "MUFU.EX2", "STL")}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_row_max_form_1_shuffles_with_one_fmnmx(tmp_path):
+    # form 0 (the table's default) takes the DSL's generic max on the first shuffle step of
+    # each row max: a NaN test and a select around the compare (FSETP.NAN in the SASS); form 1
+    # passes the reduce's result as Float32, so every step is one FMNMX. Same math otherwise.
+    r = run_json_snippet(_ROW_MAX_SNIPPET, tmp_path, timeout=900)
+    form0, form1 = r["0"], r["1"]
+    assert form0["FSETP.NAN"] > 0 and form1["FSETP.NAN"] == 0, r
+    for op in ("SHFL.BFLY", "MUFU.EX2"):
+        assert form0[op] == form1[op] > 0, r
+    assert form0["STL"] == form1["STL"] == 0, r

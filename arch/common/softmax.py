@@ -73,7 +73,7 @@ class OnlineSoftmax(DslStruct):
         num_rows: int,
         rescale_threshold: float,
         exp2_emu_every: int = 0,
-        row_max_form: int = 1,
+        row_max_form: int = 0,
     ):
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
