@@ -3,9 +3,10 @@ round-robin in one process: the varlen prefill row of the bench (16 sequences, c
 dense GQA rows. It asks how much of the varlen gap FA4's packed query heads explain.
 
 Run on the GPU machine (FA4 importable): python3 scripts/gqa_pack.py; writes
-$OUT/gqa_pack_h200.json (or ./ without OUT). Medians of 20 rounds of 3 back-to-back calls.
+$OUT/gqa_pack_h200.json (or ./ without OUT). Medians of 60 rounds, one call each.
 """
 
+import contextlib
 import json
 import os
 import statistics
@@ -15,9 +16,9 @@ from flash_attn.cute import flash_attn_func as fa4
 from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
 
 import cute_attn
-from cute_attn.bench import VARLEN_SEQLENS, visible_pairs
+from cute_attn.bench import VARLEN_SEQLENS, _time_rounds, visible_pairs
 
-REPS, INNER = 20, 3
+REPS = 60
 
 
 def first(x):
@@ -25,21 +26,10 @@ def first(x):
 
 
 def time_round_robin(fns: dict) -> dict:
-    times = {n: [] for n in fns}
-    for f in fns.values():
-        for _ in range(3):
-            f()
-    torch.cuda.synchronize()
-    for _ in range(REPS):
-        for n, f in fns.items():
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            for _ in range(INNER):
-                f()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / INNER)
-    return {n: statistics.median(t) for n, t in times.items()}
+    """Median ms of each call, timed in rounds by the bench's own timer (cute_attn.bench)."""
+    calls = [(contextlib.nullcontext, lambda _set, f=f: f()) for f in fns.values()]
+    times = _time_rounds(calls, n_sets=1, warmup=3, reps=REPS)
+    return {n: statistics.median(t) for n, t in zip(fns, times)}
 
 
 def rnd(*shape):

@@ -4,9 +4,10 @@ in one process: what the packed path costs over the dense one, per library.
 
 Run on the GPU machine (FA4 importable), with the per-call host checks off so that only the
 kernels differ: CUTE_ATTN_CHECK_VALUES=0 python3 scripts/varlen_vs_dense.py; writes
-$OUT/varlen_vs_dense_h200.json (or ./ without OUT). Medians of 20 rounds of 3 calls.
+$OUT/varlen_vs_dense_h200.json (or ./ without OUT). Medians of 60 rounds, one call each.
 """
 
+import contextlib
 import json
 import os
 import statistics
@@ -16,28 +17,17 @@ from flash_attn.cute import flash_attn_func as fa4
 from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
 
 import cute_attn
-from cute_attn.bench import visible_pairs
+from cute_attn.bench import _time_rounds, visible_pairs
 
-REPS, INNER = 20, 3
+REPS = 60
 ROWS = ((4, 4096, 32, 8), (4, 4096, 16, 16), (16, 1024, 32, 8))  # batch, seqlen, H, Hkv
 
 
 def time_round_robin(fns: dict) -> dict:
-    times = {n: [] for n in fns}
-    for f in fns.values():
-        for _ in range(3):
-            f()
-    torch.cuda.synchronize()
-    for _ in range(REPS):
-        for n, f in fns.items():
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            for _ in range(INNER):
-                f()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / INNER)
-    return {n: statistics.median(t) for n, t in times.items()}
+    """Median ms of each call, timed in rounds by the bench's own timer (cute_attn.bench)."""
+    calls = [(contextlib.nullcontext, lambda _set, f=f: f()) for f in fns.values()]
+    times = _time_rounds(calls, n_sets=1, warmup=3, reps=REPS)
+    return {n: statistics.median(t) for n, t in zip(fns, times)}
 
 
 def row_fns(b: int, s: int, h: int, hk: int) -> dict:
