@@ -97,15 +97,11 @@ class OnlineSoftmax(DslStruct):
         """Turn scores `acc_s` into probabilities in place; return the per-row O rescale."""
         s = acc_as_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        # form 2: every row's max before any row's exponentials (trace-time list)
         maxes_first = self.row_max_form == 2
-        tile_maxes = [None] * self.num_rows
-        if cutlass.const_expr(maxes_first):
-            for r in cutlass.range_constexpr(self.num_rows):
-                tile_maxes[r] = self._tile_max(s, r)
+        tile_maxes = [self._tile_max(s, r) for r in range(self.num_rows)] if maxes_first else []
         for r in cutlass.range_constexpr(self.num_rows):
-            tile_max = tile_maxes[r] if cutlass.const_expr(maxes_first) else None
-            if cutlass.const_expr(not maxes_first):
-                tile_max = self._tile_max(s, r)
+            tile_max = tile_maxes[r] if maxes_first else self._tile_max(s, r)
             m_old = self.row_max[r]
             m_new = cute.arch.fmax(m_old, tile_max)
             if cutlass.const_expr(is_first):
