@@ -83,6 +83,16 @@ class CombineKey(KernelKey):
     head_dim_v: int
 
 
+@dataclasses.dataclass(frozen=True)
+class IndexCheckKey(KernelKey):
+    """The KV-cache index check (arch/common/index_check.py): which index tensors exist."""
+
+    arch: str
+    has_lengths: bool
+    has_batch_idx: bool
+    paged: bool
+
+
 _DENSE = InputFeatures()
 
 
@@ -144,6 +154,39 @@ def build_combine(key: CombineKey):
     from .arch.sm90.compile import compile_split_combine
 
     return compile_split_combine(key.dtype, key.head_dim_v)
+
+
+@compiled_cache("sm90_kv_index_check")
+def build_index_check(key: IndexCheckKey):
+    from .arch.sm90.compile import compile_kv_index_check
+
+    return compile_kv_index_check(key.has_lengths, key.has_batch_idx, key.paged)
+
+
+def kv_index_flags(
+    batch: int, lengths, uniform_length: int, batch_idx, page_table, capacity: int,
+    batch_cache: int, page_size: int, num_pages: int,
+) -> torch.Tensor:  # fmt: skip
+    """One launch flagging the bad index values of a read-only KV-cache call: (batch,) int32
+    on the index tensors' device, 0 where row b's values are valid (KvIndexCheck's bits).
+    lengths / batch_idx / page_table: int32 tensors or None (then uniform_length is every
+    row's length)."""
+    like = next(t for t in (lengths, batch_idx, page_table) if t is not None)
+    # the check reads compact vectors and unit-stride table rows (no-ops for the usual inputs)
+    lengths = None if lengths is None else lengths.contiguous()
+    batch_idx = None if batch_idx is None else batch_idx.contiguous()
+    if page_table is not None and page_table.stride(-1) != 1:
+        page_table = page_table.clone(memory_format=torch.contiguous_format)
+    key = IndexCheckKey(ARCH, lengths is not None, batch_idx is not None, page_table is not None)
+    flags = torch.empty((batch,), dtype=torch.int32, device=like.device)
+    with contextlib.nullcontext() if like.device.index == torch.cuda.current_device() else (
+        torch.cuda.device(like.device)
+    ):  # fmt: skip
+        build_index_check(key)(
+            flags, lengths, batch_idx, page_table, uniform_length, capacity, batch_cache,
+            page_size, num_pages,
+        )  # fmt: skip
+    return flags
 
 
 @functools.cache

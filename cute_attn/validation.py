@@ -53,7 +53,7 @@ import torch
 
 from cute_attn.problem import AttnProblem, normalize_window
 
-__all__ = ["validate_dense", "validate_varlen", "validate_kvcache"]
+__all__ = ["validate_dense", "validate_varlen", "validate_kvcache", "validate_kvcache_deferred"]
 
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
@@ -337,6 +337,41 @@ def _read_values(parts: list[torch.Tensor]) -> list[list[int]]:
         out.append(flat[pos : pos + n])
         pos += n
     return out
+
+
+class ValueCheck:
+    """Index-value checks of one call, not read yet.
+
+    `wait()` alone builds the checks' torch pieces, reads them (one host sync) and raises what
+    they find. `defer(flags_fn)` is for read-only kernel calls: it queues
+    `flags_fn(*index_args)` (one device launch flagging bad rows, fwd_sm90.kv_index_flags) and
+    an asynchronous copy of the flags into pinned host memory, so the kernel launched next is
+    already on the stream while the later `wait()` waits for the copy only. When a flag is set,
+    `wait()` runs the synchronous checks to name the entry. Only for kernels that stay inside
+    their tensors on any index value (the read-only KV-cache kernel clamps key lengths to the
+    capacity; its TMA loads fill out-of-range page or cache-row coordinates with zeros), so a
+    bad value costs a discarded output and the same ValueError, not a fault."""
+
+    def __init__(self, build, judge, index_args: tuple):
+        self._build = build  # () -> list of int32 device tensors (the values judge reads)
+        self._judge = judge  # list of per-piece value lists -> None, or raises
+        self.index_args = index_args  # kv_index_flags' arguments
+        self._flags: torch.Tensor | None = None
+        self._event = None
+
+    def defer(self, flags_fn) -> None:
+        flags = flags_fn(*self.index_args)
+        self._flags = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        self._flags.copy_(flags, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(flags.device))
+
+    def wait(self) -> None:
+        if self._flags is not None:
+            self._event.synchronize()
+            if not self._flags.any():
+                return
+        self._judge(_read_values(self._build()))
 
 
 def _bad_pages(
@@ -697,7 +732,7 @@ def validate_varlen(
     )
 
 
-def validate_kvcache(
+def validate_kvcache_deferred(
     q,
     k_cache,
     v_cache,
@@ -731,10 +766,13 @@ def validate_kvcache(
     rotary_cos / rotary_sin: (seqlen_ro, rotary_dim / 2) both or neither, q's dtype,
     rotary_dim <= D, and seqlen_ro >= capacity (every position the cache can hold).
 
-    AttnProblem: seqlen_k is the capacity; has_seqused_k says cache_seqlens was given.
-
-    HOST SYNC: tensor cache_seqlens / cache_batch_idx / page_table values are checked with one
-    `.tolist()` per call; skipped under torch.compile, CUDA graph capture and fake tensors.
+    Returns (AttnProblem, ValueCheck or None). AttnProblem: seqlen_k is the capacity;
+    has_seqused_k says cache_seqlens was given. The ValueCheck holds the checks of the tensor
+    cache_seqlens / cache_batch_idx / page_table values, queued on the device but not yet read:
+    `validate_kvcache` waits for it at once; a read-only kernel call may `defer()` it, launch,
+    then `wait()` (the read no longer drains the stream before the launch). None where values
+    cannot or need not be read (torch.compile, CUDA graph capture, fake tensors,
+    CUTE_ATTN_CHECK_VALUES=0, no index tensor).
     """
     paged = page_table is not None
     _check_tensor("q", q)
@@ -901,57 +939,72 @@ def validate_kvcache(
         head_dim, softmax_scale, causal, window_size, softcap, num_splits
     )
 
+    check = None
     need_values = seqlens_tensor or cache_batch_idx is not None or paged
     if need_values and _can_read_values(q):
-        parts = []
-        if seqlens_tensor:
-            parts.append(cache_seqlens)
-        if cache_batch_idx is not None:
-            parts.append(cache_batch_idx)
-        if paged:
+        pieces = {}
+
+        def build() -> list[torch.Tensor]:
+            parts = []
             if seqlens_tensor:
-                lengths_dev = cache_seqlens.to(torch.int64) + seqlen_new
-            else:
-                uniform = capacity if cache_seqlens is None else cache_seqlens + seqlen_new
-                lengths_dev = torch.full((batch,), uniform, dtype=torch.int64, device=device)
-            bad = _bad_pages(page_table, lengths_dev, page_size, num_pages)
-            parts.append(_count(bad))
-        vals = iter(_read_values(parts))
-        if seqlens_tensor:
-            seqlens = next(vals)
-            for b, n in enumerate(seqlens):
-                if n < 0 or n + seqlen_new > capacity:
-                    raise ValueError(
-                        f"cache_seqlens: cache_seqlens[{b}] = {n} must be in [0, capacity "
-                        f"{capacity} - seqlen_new {seqlen_new}] (a larger value writes or reads "
-                        f"past the cache)"
-                    )
-        if cache_batch_idx is not None:
-            idx = next(vals)
-            seen: dict[int, int] = {}
-            for b, c in enumerate(idx):
-                if c < 0 or c >= batch_cache:
-                    raise ValueError(
-                        f"cache_batch_idx: cache_batch_idx[{b}] = {c} is not a cache row in "
-                        f"[0, batch_cache = {batch_cache})"
-                    )
-                if append and c in seen:
-                    raise ValueError(
-                        f"cache_batch_idx: cache_batch_idx[{seen[c]}] and cache_batch_idx[{b}] "
-                        f"are both {c}: appending k/v to one cache row from two batch rows is "
-                        f"ambiguous"
-                    )
-                seen[c] = b
-        if paged and next(vals)[0] > 0:
-
-            def length_of(b: int) -> int:
+                parts.append(cache_seqlens)
+            if cache_batch_idx is not None:
+                parts.append(cache_batch_idx)
+            if paged:
                 if seqlens_tensor:
-                    return seqlens[b] + seqlen_new
-                return capacity if cache_seqlens is None else cache_seqlens + seqlen_new
+                    lengths_dev = cache_seqlens.to(torch.int64) + seqlen_new
+                else:
+                    uniform = capacity if cache_seqlens is None else cache_seqlens + seqlen_new
+                    lengths_dev = torch.full((batch,), uniform, dtype=torch.int64, device=device)
+                pieces["bad"] = _bad_pages(page_table, lengths_dev, page_size, num_pages)
+                parts.append(_count(pieces["bad"]))
+            return parts
 
-            _raise_bad_page(bad, page_table, page_size, num_pages, length_of)
+        def judge(values: list[list[int]]) -> None:
+            vals = iter(values)
+            if seqlens_tensor:
+                seqlens = next(vals)
+                for b, n in enumerate(seqlens):
+                    if n < 0 or n + seqlen_new > capacity:
+                        raise ValueError(
+                            f"cache_seqlens: cache_seqlens[{b}] = {n} must be in [0, capacity "
+                            f"{capacity} - seqlen_new {seqlen_new}] (a larger value writes or "
+                            f"reads past the cache)"
+                        )
+            if cache_batch_idx is not None:
+                idx = next(vals)
+                seen: dict[int, int] = {}
+                for b, c in enumerate(idx):
+                    if c < 0 or c >= batch_cache:
+                        raise ValueError(
+                            f"cache_batch_idx: cache_batch_idx[{b}] = {c} is not a cache row in "
+                            f"[0, batch_cache = {batch_cache})"
+                        )
+                    if append and c in seen:
+                        raise ValueError(
+                            f"cache_batch_idx: cache_batch_idx[{seen[c]}] and "
+                            f"cache_batch_idx[{b}] are both {c}: appending k/v to one cache row "
+                            f"from two batch rows is ambiguous"
+                        )
+                    seen[c] = b
+            if paged and next(vals)[0] > 0:
 
-    return AttnProblem(
+                def length_of(b: int) -> int:
+                    if seqlens_tensor:
+                        return seqlens[b] + seqlen_new
+                    return capacity if cache_seqlens is None else cache_seqlens + seqlen_new
+
+                _raise_bad_page(pieces["bad"], page_table, page_size, num_pages, length_of)
+
+        uniform_length = capacity if cache_seqlens is None else cache_seqlens
+        index_args = (
+            batch, cache_seqlens if seqlens_tensor else None,
+            0 if seqlens_tensor else uniform_length, cache_batch_idx, page_table, capacity,
+            k_cache.shape[0], page_size if paged else 1, num_pages if paged else 0,
+        )  # fmt: skip
+        check = ValueCheck(build, judge, index_args)
+
+    problem = AttnProblem(
         batch=batch,
         seqlen_q=seqlen_q,
         seqlen_k=capacity,
@@ -973,3 +1026,15 @@ def validate_kvcache(
         kvcache=True,
         num_splits=splits,
     )
+    return problem, check
+
+
+def validate_kvcache(q, k_cache, v_cache, k, v, **kwargs) -> AttnProblem:
+    """validate_kvcache_deferred, with its value checks read at once.
+
+    HOST SYNC: tensor cache_seqlens / cache_batch_idx / page_table values are checked with one
+    `.tolist()` per call; skipped under torch.compile, CUDA graph capture and fake tensors."""
+    problem, check = validate_kvcache_deferred(q, k_cache, v_cache, k, v, **kwargs)
+    if check is not None:
+        check.wait()
+    return problem

@@ -417,6 +417,96 @@ def test_varlen_paged(page_size, lengths):
         assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["paged", "dense"])
+def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
+    # A read-only call queues its index checks, launches, then reads them (ValueCheck.defer):
+    # a bad cache_seqlens / page_table / cache_batch_idx entry must still raise the same
+    # ValueError, and the kernel that already ran on it must have stayed inside its tensors
+    # (the next valid call, on the same stream, is still exact).
+    from cute_attn import validation
+
+    b, h, hkv, d, page_size = 3, 8, 2, 128, 64
+    g = _gen(7)
+    lens = [5, 300, 129]
+    max_pages = 6
+    cap = max_pages * page_size
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if layout == "paged":
+        kc, vc, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g)
+        cache = {"page_table": table}
+        ks, vs = _dense_rows(kc, table, lens), _dense_rows(vc, table, lens)
+    else:
+        kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+                  for _ in range(2))  # fmt: skip
+        cache = {"cache_batch_idx": torch.tensor([2, 0, 1], dtype=torch.int32, device="cuda")}
+        ks = [kc[c : c + 1, :n_] for c, n_ in zip((2, 0, 1), lens)]
+        vs = [vc[c : c + 1, :n_] for c, n_ in zip((2, 0, 1), lens)]
+    deferred = []
+    defer = validation.ValueCheck.defer
+    monkeypatch.setattr(validation.ValueCheck, "defer",
+                        lambda self, fn: (deferred.append(1), defer(self, fn))[1])  # fmt: skip
+    bad_lens = n.clone()
+    bad_lens[1] = cap + 1000  # past the capacity: the kernel clamps it
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 1384"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=bad_lens, num_splits=2, **cache)
+    if layout == "paged":
+        bad = table.clone()
+        bad[2, 1] = 10**6  # a used entry past the last page: TMA fills zeros
+        with pytest.raises(ValueError, match=r"entry \[2, 1\] = 1000000"):
+            flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, page_table=bad)
+    else:
+        bad = cache["cache_batch_idx"].clone()
+        bad[0] = -5  # not a cache row: TMA fills zeros
+        with pytest.raises(ValueError, match=r"cache_batch_idx\[0\] = -5"):
+            flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, cache_batch_idx=bad)
+    assert len(deferred) == 2, "read-only calls should read their checks after the launch"
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
+    torch.cuda.synchronize()
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    assert_matches(out, lse, ref, ref_lse, same)
+    # an append keeps the check before its writes (not deferred)
+    kn = torch.randn(b, 1, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=bad_lens, **cache)
+    assert len(deferred) == 3
+
+
+@pytest.mark.gpu
+def test_kv_index_flags_match_the_rule():
+    # the device-side flags of fwd_sm90.kv_index_flags against the rule, row by row: length
+    # outside [0, capacity] (bit 0), cache row outside [0, batch_cache) (bit 1), a used page
+    # (j < ceil(clamped length / page_size)) outside [0, num_pages) (bit 2); unused entries free
+    from cute_attn.fwd_sm90 import kv_index_flags
+
+    g = torch.Generator().manual_seed(3)
+    b, max_pages, page_size, num_pages = 70, 40, 16, 500
+    cap = max_pages * page_size
+    lens = torch.randint(-3, cap + 4, (b,), generator=g, dtype=torch.int32)
+    table = torch.randint(0, num_pages, (b, max_pages), generator=g, dtype=torch.int32)
+    for i in range(0, b, 3):  # some bad entries, used or not
+        table[i, torch.randint(0, max_pages, (1,), generator=g)] = (-1) ** i * num_pages
+    idx = torch.randint(-2, 9, (b,), generator=g, dtype=torch.int32)
+    used = -(-lens.clamp(0, cap) // page_size)
+    bad_page = ((torch.arange(max_pages)[None] < used[:, None])
+                & ((table < 0) | (table >= num_pages))).any(1)  # fmt: skip
+    want = ((lens < 0) | (lens > cap)).int() + 4 * bad_page.int()
+    cuda = {"device": "cuda"}
+    # a padded page table (row stride 48) as the kernels accept it
+    padded = torch.zeros(b, 48, dtype=torch.int32, **cuda)[:, :max_pages]
+    padded.copy_(table)
+    got = kv_index_flags(b, lens.to(**cuda), 0, None, padded, cap, 1, page_size, num_pages)
+    assert torch.equal(got.cpu(), want)
+    got = kv_index_flags(b, None, 100, idx.to(**cuda), None, 300, 7, 1, 0)
+    assert torch.equal(got.cpu(), 2 * ((idx < 0) | (idx >= 7)).int())
+    got = kv_index_flags(b, None, cap, None, table.to(**cuda), cap, 1, page_size, num_pages)
+    full = ((table < 0) | (table >= num_pages)).any(1).int()
+    assert torch.equal(got.cpu(), 4 * full)
+
+
 # ---------------------------------------------------------------- CPU: compile for sm_90a
 _COMBINE_SNIPPET = r"""
 import json, os, tempfile
@@ -433,6 +523,30 @@ for dt in ("bfloat16", "float16"):
                      "spills": sass.count("STL") + sass.count("LDL")})
 print(json.dumps(rows))
 """
+
+
+_INDEX_CHECK_SNIPPET = r"""
+import json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.arch.sm90.compile import compile_kv_index_check
+from cute_attn.aot import _sass
+rows = []
+for args in ((True, False, True), (True, True, False), (False, True, False), (False, False, True)):
+    fn = compile_kv_index_check(*args, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+    sass = _sass(fn.__cubin__)
+    rows.append({"args": args, "sass": bool(sass), "vote": "VOTE" in sass,
+                 "spills": sass.count("STL") + sass.count("LDL")})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.compile
+def test_compile_kv_index_check(tmp_path):
+    rows = run_json_snippet(_INDEX_CHECK_SNIPPET, tmp_path)
+    assert len(rows) == 4
+    for r in rows:
+        assert r["sass"] and r["spills"] == 0, r
+        assert r["vote"] == r["args"][2], r  # the page loop's warp vote, only when paged
 
 
 @pytest.mark.compile

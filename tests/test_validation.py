@@ -16,7 +16,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cute_attn.problem import AttnProblem
-from cute_attn.validation import validate_dense, validate_kvcache, validate_varlen
+from cute_attn.validation import (
+    validate_dense,
+    validate_kvcache,
+    validate_kvcache_deferred,
+    validate_varlen,
+)
 
 I32 = torch.int32
 HINT = "did you pass (B, H, S, D)? cute_attn expects (B, S, H, D)"
@@ -546,6 +551,24 @@ def kv_tensors(B=2, Sq=1, H=4, Hkv=2, D=16, Dv=16, B_cache=2, S_cache=10, S_new=
 
 def kvcache(q, k_cache, v_cache, k=None, v=None, **over):
     return validate_kvcache(q, k_cache, v_cache, k, v, **kvknobs(**over))
+
+
+def test_kvcache_deferred_check_raises_on_wait_only():
+    # the deferred form returns the value checks unread: wait() raises (a read-only kernel call
+    # launches in between, after defer() queued the device-side flags on index_args)
+    q, kc, vc, _, _ = kv_tensors()
+    lens = i32([3, 11])
+    p, check = validate_kvcache_deferred(q, kc, vc, None, None, **kvknobs(cache_seqlens=lens))
+    assert p.seqlen_k == 10 and check is not None
+    batch, lengths, uniform, idx, table, capacity, batch_cache, _, _ = check.index_args
+    assert (batch, uniform, idx, table, capacity, batch_cache) == (2, 0, None, None, 10, 2)
+    assert lengths is lens
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 11"):
+        check.wait()
+    _, ok = validate_kvcache_deferred(q, kc, vc, None, None, **kvknobs(cache_seqlens=i32([3, 9])))
+    ok.wait()  # valid values: nothing raised
+    _, none = validate_kvcache_deferred(q, kc, vc, None, None, **kvknobs())
+    assert none is None  # no index tensor: nothing to read
 
 
 def test_kvcache_fills_problem():

@@ -124,7 +124,10 @@ class SeqInfo(DslStruct):
                 offset_k = mCuSeqlensK[batch]
                 kv_batch = Int32(0)
         if cutlass.const_expr(features.seqused_k):
-            seqlen_k = mSeqUsedK[batch]
+            # clamped into [0, the cache's capacity]: a KV-cache call may check its lengths on
+            # the host only after this launch (ValueCheck.defer), so a bad value must not make
+            # the kernel read past its page table or cache
+            seqlen_k = cutlass.min(cutlass.max(mSeqUsedK[batch], Int32(0)), seqlen_k_static)
         return SeqInfo(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features)
 
     def rows_q(self, t: cute.Tensor) -> cute.Tensor:

@@ -22,6 +22,7 @@ import cutlass.cute as cute
 
 from ..common.bwd_postprocess import BwdPostprocess
 from ..common.bwd_preprocess import BwdPreprocess
+from ..common.index_check import KvIndexCheck
 from ..common.seqlen import InputFeatures
 from ..common.split_combine import SplitCombine
 from .flash_bwd import FlashBwdSm90
@@ -196,4 +197,27 @@ def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = "", *
         kernel, compact(f32, (splits, b, s, h, head_dim_v)),
         compact(f32, (splits, b, h, s), 4), compact(DTYPES[dtype_name], (b, s, h, head_dim_v)),
         compact(f32, (b, h, s), 4), stream, options=("--enable-tvm-ffi " + options).strip(),
+    )  # fmt: skip
+
+
+def compile_kv_index_check(has_lengths: bool, has_batch_idx: bool, paged: bool, options: str = ""):
+    """TVM-FFI function (flags, cache_seqlens, cache_batch_idx, page_table, uniform_length,
+    capacity, batch_cache, page_size, num_pages); see KvIndexCheck. Absent tensors are None."""
+    b = cute.sym_int()
+
+    def vector():
+        return cute.runtime.make_fake_compact_tensor(cutlass.Int32, (b,), assumed_align=4)
+
+    table = None
+    if paged:  # (batch, max_pages), rows possibly padded (any row stride)
+        table = cute.runtime.make_fake_tensor(
+            cutlass.Int32, (b, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4
+        )
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    kernel = KvIndexCheck(has_lengths, has_batch_idx, paged)
+    i32 = cutlass.Int32
+    return cute.compile(
+        kernel, vector(), vector() if has_lengths else None, vector() if has_batch_idx else None,
+        table, i32(0), i32(0), i32(0), i32(1), i32(0), stream,
+        options=("--enable-tvm-ffi " + options).strip(),
     )  # fmt: skip

@@ -381,8 +381,11 @@ class FlashFwdSm90:
             m_block, head, batch = self._l2_section_coords(mK.shape[0])
         elif cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
+        capacity_k = mK.shape[0]  # keys per batch row of k / v; paged: per page
+        if cutlass.const_expr(feats.paged_kv):
+            capacity_k = mPageTable.shape[1] * mK.shape[0]
         seq = SeqInfo.create(
-            feats, batch, mQ.shape[0], mK.shape[0], mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
+            feats, batch, mQ.shape[0], capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
             mSeqUsedK, mKvBatchIdx,
         )  # fmt: skip
         mask = TileMask(
