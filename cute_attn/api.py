@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch
 
 from . import dispatch, inference, reference
-from .validation import _check_bool, validate_dense, validate_kvcache_deferred, validate_varlen
+from .validation import (
+    _check_bool,
+    validate_dense,
+    validate_kvcache_deferred,
+    validate_varlen_deferred,
+)
 
 
 def _ref_compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -214,7 +219,7 @@ def flash_attn_varlen_func(
     gathered into a dense copy first); gradients through varlen calls need
     fallback='reference' on CUDA.
     """
-    p = validate_varlen(
+    p, check = validate_varlen_deferred(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
         seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale, causal=causal,
@@ -224,16 +229,25 @@ def flash_attn_varlen_func(
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
                         entry="flash_attn_varlen_func")  # fmt: skip
     if d.impl == "sm90_fwd":
-        from .fwd_sm90 import run_fwd_varlen
+        from .fwd_sm90 import index_flags, run_fwd_varlen
 
-        return run_fwd_varlen(
+        # the index checks are flagged on the device and read after the launch, as for a
+        # read-only KV-cache call (the kernel clamps offsets and lengths into its tensors)
+        if check is not None:
+            check.defer(index_flags)
+        res = run_fwd_varlen(
             q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
             cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
             seqused_k=None if seqused_k is None else seqused_k.contiguous(),
-            max_seqlen_q=max_seqlen_q,
+            max_seqlen_q=p.seqlen_q,
             page_table=None if page_table is None else _rows_contiguous(page_table),
             seqused_q=None if seqused_q is None else seqused_q.contiguous(),
         )  # fmt: skip
+        if check is not None:
+            check.wait()  # raises on a bad index value; the launched kernel stayed in bounds
+        return res
+    if check is not None:
+        check.wait()  # the reference indexes with the values: check them first
     out, lse = reference.attention_ref_varlen(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
         seqused_k=seqused_k, page_table=page_table, softmax_scale=p.softmax_scale,
@@ -306,10 +320,10 @@ def flash_attn_with_kvcache(
         check.wait()
     if d.impl != "sm90_fwd":
         return inference.kvcache_reference(q, k_cache, v_cache, k, v, problem=p, **prep)
-    from .fwd_sm90 import kv_index_flags, run_fwd_kvcache
+    from .fwd_sm90 import index_flags, run_fwd_kvcache
 
     if deferred:
-        check.defer(kv_index_flags)  # one launch ahead of the kernel, read after it
+        check.defer(index_flags)  # one launch ahead of the kernel, read after it
 
     q, seqused_k, _ = inference.kvcache_prepare(
         q, k_cache, v_cache, k, v, problem=p, lengths_dtype=torch.int32, with_pages=False, **prep

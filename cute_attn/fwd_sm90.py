@@ -85,11 +85,14 @@ class CombineKey(KernelKey):
 
 @dataclasses.dataclass(frozen=True)
 class IndexCheckKey(KernelKey):
-    """The KV-cache index check (arch/common/index_check.py): which index tensors exist."""
+    """The index-value check (arch/common/index_check.py): which index tensors exist."""
 
     arch: str
-    has_lengths: bool
-    has_batch_idx: bool
+    cu_seqlens_q: bool
+    cu_seqlens_k: bool
+    seqused_q: bool
+    seqused_k: bool
+    batch_idx: bool
     paged: bool
 
 
@@ -156,34 +159,37 @@ def build_combine(key: CombineKey):
     return compile_split_combine(key.dtype, key.head_dim_v)
 
 
-@compiled_cache("sm90_kv_index_check")
+@compiled_cache("sm90_index_check")
 def build_index_check(key: IndexCheckKey):
-    from .arch.sm90.compile import compile_kv_index_check
+    from .arch.sm90.compile import compile_index_check
 
-    return compile_kv_index_check(key.has_lengths, key.has_batch_idx, key.paged)
+    present = {f.name: getattr(key, f.name) for f in dataclasses.fields(key) if f.name != "arch"}
+    return compile_index_check(**present)
 
 
-def kv_index_flags(
-    batch: int, lengths, uniform_length: int, batch_idx, page_table, capacity: int,
-    batch_cache: int, page_size: int, num_pages: int,
+def index_flags(
+    batch: int, tensors: tuple, total_q: int, total_k: int, capacity: int, max_q: int,
+    max_k: int, batch_cache: int, page_size: int, num_pages: int,
 ) -> torch.Tensor:  # fmt: skip
-    """One launch flagging the bad index values of a read-only KV-cache call: (batch,) int32
-    on the index tensors' device, 0 where row b's values are valid (KvIndexCheck's bits).
-    lengths / batch_idx / page_table: int32 tensors or None (then uniform_length is every
-    row's length)."""
-    like = next(t for t in (lengths, batch_idx, page_table) if t is not None)
+    """One launch flagging the bad index values of a varlen or KV-cache call: (batch,) int32
+    on the index tensors' device, 0 where row b's values are valid (IndexCheck's bits).
+    tensors: (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, cache_batch_idx, page_table),
+    int32 tensors or None; the scalars are IndexCheck's bounds."""
+    like = next(t for t in tensors if t is not None)
     # the check reads compact vectors and unit-stride table rows (no-ops for the usual inputs)
-    lengths = None if lengths is None else lengths.contiguous()
-    batch_idx = None if batch_idx is None else batch_idx.contiguous()
-    if page_table is not None and page_table.stride(-1) != 1:
-        page_table = page_table.clone(memory_format=torch.contiguous_format)
-    key = IndexCheckKey(ARCH, lengths is not None, batch_idx is not None, page_table is not None)
+    vectors = [None if t is None else t.contiguous() for t in tensors[:5]]
+    table = tensors[5]
+    if table is not None and table.stride(-1) != 1:
+        table = table.clone(memory_format=torch.contiguous_format)
+    key = IndexCheckKey(ARCH, *(t is not None for t in tensors))
     flags = torch.empty((batch,), dtype=torch.int32, device=like.device)
+    if batch == 0:
+        return flags  # nothing to check (and no empty grid to launch)
     with contextlib.nullcontext() if like.device.index == torch.cuda.current_device() else (
         torch.cuda.device(like.device)
     ):  # fmt: skip
         build_index_check(key)(
-            flags, lengths, batch_idx, page_table, uniform_length, capacity, batch_cache,
+            flags, *vectors, table, total_q, total_k, capacity, max_q, max_k, batch_cache,
             page_size, num_pages,
         )  # fmt: skip
     return flags

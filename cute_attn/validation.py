@@ -53,7 +53,13 @@ import torch
 
 from cute_attn.problem import AttnProblem, normalize_window
 
-__all__ = ["validate_dense", "validate_varlen", "validate_kvcache", "validate_kvcache_deferred"]
+__all__ = [
+    "validate_dense",
+    "validate_varlen",
+    "validate_varlen_deferred",
+    "validate_kvcache",
+    "validate_kvcache_deferred",
+]
 
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
@@ -344,7 +350,7 @@ class ValueCheck:
 
     `wait()` alone builds the checks' torch pieces, reads them (one host sync) and raises what
     they find. `defer(flags_fn)` is for read-only kernel calls: it queues
-    `flags_fn(*index_args)` (one device launch flagging bad rows, fwd_sm90.kv_index_flags) and
+    `flags_fn(*index_args)` (one device launch flagging bad rows, fwd_sm90.index_flags) and
     an asynchronous copy of the flags into pinned host memory, so the kernel launched next is
     already on the stream while the later `wait()` waits for the copy only. When a flag is set,
     `wait()` runs the synchronous checks to name the entry. Only for kernels that stay inside
@@ -355,7 +361,7 @@ class ValueCheck:
     def __init__(self, build, judge, index_args: tuple):
         self._build = build  # () -> list of int32 device tensors (the values judge reads)
         self._judge = judge  # list of per-piece value lists -> None, or raises
-        self.index_args = index_args  # kv_index_flags' arguments
+        self.index_args = index_args  # fwd_sm90.index_flags' arguments
         self._flags: torch.Tensor | None = None
         self._event = None
 
@@ -372,6 +378,9 @@ class ValueCheck:
             if not self._flags.any():
                 return
         self._judge(_read_values(self._build()))
+
+
+_INT32_MAX = 2**31 - 1
 
 
 def _bad_pages(
@@ -514,7 +523,7 @@ def validate_dense(
     )
 
 
-def validate_varlen(
+def validate_varlen_deferred(
     q,
     k,
     v,
@@ -533,7 +542,7 @@ def validate_varlen(
     num_splits,
     pack_gqa,
     deterministic,
-) -> AttnProblem:
+) -> tuple[AttnProblem, ValueCheck | None]:
     """Validate a varlen call (sequences packed along dim 0).
 
     q (total_q, H, D). Without page_table: k (total_k, Hkv, D), v (total_k, Hkv, Dv), packed by
@@ -545,8 +554,11 @@ def validate_varlen(
     max_seqlen_q / max_seqlen_k: python ints >= the longest sequence, or None to take the
     longest (not possible under torch.compile / CUDA graph capture: pass them there).
 
-    HOST SYNC: the index values (cu_seqlens, seqused, used page_table entries) are checked with
-    one `.tolist()` per call; skipped under torch.compile, CUDA graph capture and fake tensors.
+    Returns (AttnProblem, ValueCheck or None): the checks of the index values (cu_seqlens,
+    seqused, used page_table entries), not read yet (see validate_kvcache_deferred; one host
+    sync when read). With max_seqlen_q or max_seqlen_k None they are read here (the problem's
+    lengths come from them) and None is returned; also None where values are not read
+    (torch.compile, CUDA graph capture, fake tensors, CUTE_ATTN_CHECK_VALUES=0).
     """
     paged = page_table is not None
     _check_tensor("q", q)
@@ -649,53 +661,77 @@ def validate_varlen(
     pack_gqa = _check_pack_gqa(pack_gqa)
     _check_bool("deterministic", deterministic)
 
+    check = None
     if _can_read_values(q):
-        parts = [cu_seqlens_q]
-        for t in (cu_seqlens_k, seqused_q, seqused_k):
-            if t is not None:
-                parts.append(t)
-        if paged:
-            if seqused_k is not None:
-                lengths_k_dev = seqused_k
-            else:
-                lengths_k_dev = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-            bad = _bad_pages(page_table, lengths_k_dev, page_size, num_pages)
-            parts.append(_count(bad))
-        vals = iter(_read_values(parts))
-        lens_q = _check_cu_seqlens("cu_seqlens_q", next(vals), total_q, "q.shape[0] (total_q)")
-        lens_k = None
-        if cu_seqlens_k is not None:
-            total_k = None if paged else k.shape[0]
-            lens_k = _check_cu_seqlens("cu_seqlens_k", next(vals), total_k, "k.shape[0] (total_k)")
+        pieces = {}
+
+        def build() -> list[torch.Tensor]:
+            parts = [cu_seqlens_q]
+            for t in (cu_seqlens_k, seqused_q, seqused_k):
+                if t is not None:
+                    parts.append(t)
             if paged:
-                for b, n in enumerate(lens_k):
-                    if n > capacity:
-                        raise ValueError(
-                            f"cu_seqlens_k: sequence {b} has {n} keys, more than page_table "
-                            f"holds (max_pages * page_size = {capacity})"
-                        )
-        used_q = next(vals) if seqused_q is not None else None
-        used_k = next(vals) if seqused_k is not None else None
-        if used_q is not None:
-            _check_seqused("seqused_q", used_q, lens_q, "the cu_seqlens_q span of that sequence")
-        if used_k is not None:
-            if lens_k is not None:
-                _check_seqused("seqused_k", used_k, lens_k, "the cu_seqlens_k span")
-            else:
-                _check_seqused(
-                    "seqused_k",
-                    used_k,
-                    [capacity] * batch,
-                    "page_table capacity max_pages * page_size",
+                if seqused_k is not None:
+                    lengths_k_dev = seqused_k
+                else:
+                    lengths_k_dev = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+                pieces["bad"] = _bad_pages(page_table, lengths_k_dev, page_size, num_pages)
+                parts.append(_count(pieces["bad"]))
+            return parts
+
+        def judge(values: list[list[int]]) -> tuple[int, int]:
+            vals = iter(values)
+            lens_q = _check_cu_seqlens("cu_seqlens_q", next(vals), total_q, "q.shape[0] (total_q)")
+            lens_k = None
+            if cu_seqlens_k is not None:
+                total_k = None if paged else k.shape[0]
+                lens_k = _check_cu_seqlens(
+                    "cu_seqlens_k", next(vals), total_k, "k.shape[0] (total_k)"
                 )
-        max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, lens_q, "cu_seqlens_q")
-        if lens_k is not None:
-            max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, lens_k, "cu_seqlens_k")
+                if paged:
+                    for b, n in enumerate(lens_k):
+                        if n > capacity:
+                            raise ValueError(
+                                f"cu_seqlens_k: sequence {b} has {n} keys, more than page_table "
+                                f"holds (max_pages * page_size = {capacity})"
+                            )
+            used_q = next(vals) if seqused_q is not None else None
+            used_k = next(vals) if seqused_k is not None else None
+            if used_q is not None:
+                _check_seqused(
+                    "seqused_q", used_q, lens_q, "the cu_seqlens_q span of that sequence"
+                )
+            if used_k is not None:
+                if lens_k is not None:
+                    _check_seqused("seqused_k", used_k, lens_k, "the cu_seqlens_k span")
+                else:
+                    _check_seqused(
+                        "seqused_k",
+                        used_k,
+                        [capacity] * batch,
+                        "page_table capacity max_pages * page_size",
+                    )
+            mq = _check_max_seqlen("max_seqlen_q", max_seqlen_q, lens_q, "cu_seqlens_q")
+            if lens_k is not None:
+                mk = _check_max_seqlen("max_seqlen_k", max_seqlen_k, lens_k, "cu_seqlens_k")
+            else:
+                mk = _check_max_seqlen("max_seqlen_k", max_seqlen_k, used_k, "seqused_k")
+            if paged and next(vals)[0] > 0:
+                eff = used_k if used_k is not None else lens_k
+                _raise_bad_page(pieces["bad"], page_table, page_size, num_pages, lambda b: eff[b])
+            return mq, mk
+
+        if max_seqlen_q is None or max_seqlen_k is None:
+            # the problem's lengths come from the values: read them now
+            max_seqlen_q, max_seqlen_k = judge(_read_values(build()))
         else:
-            max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, used_k, "seqused_k")
-        if paged and next(vals)[0] > 0:
-            eff = used_k if used_k is not None else lens_k
-            _raise_bad_page(bad, page_table, page_size, num_pages, lambda b: eff[b])
+            tensors = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, None, page_table)
+            index_args = (
+                batch, tensors, total_q, -1 if paged else k.shape[0],
+                capacity if paged else k.shape[0], max_seqlen_q, max_seqlen_k, 0,
+                page_size if paged else 1, num_pages if paged else 0,
+            )  # fmt: skip
+            check = ValueCheck(build, judge, index_args)
     else:
         for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
             if val is None:
@@ -705,7 +741,7 @@ def validate_varlen(
                     f"are not read; got None"
                 )
 
-    return AttnProblem(
+    problem = AttnProblem(
         batch=batch,
         seqlen_q=max_seqlen_q,
         seqlen_k=max_seqlen_k,
@@ -730,6 +766,15 @@ def validate_varlen(
         pack_gqa=pack_gqa,
         deterministic=deterministic,
     )
+    return problem, check
+
+
+def validate_varlen(q, k, v, **kwargs) -> AttnProblem:
+    """validate_varlen_deferred, with its value checks read at once (one host sync)."""
+    problem, check = validate_varlen_deferred(q, k, v, **kwargs)
+    if check is not None:
+        check.wait()
+    return problem
 
 
 def validate_kvcache_deferred(
@@ -749,7 +794,7 @@ def validate_kvcache_deferred(
     window_size,
     softcap,
     num_splits,
-) -> AttnProblem:
+) -> tuple[AttnProblem, ValueCheck | None]:
     """Validate a KV-cache (decode / append) call.
 
     q (B, Sq, H, D). Dense cache: k_cache (B_cache, S_cache, Hkv, D), v_cache (B_cache, S_cache,
@@ -996,11 +1041,13 @@ def validate_kvcache_deferred(
 
                 _raise_bad_page(pieces["bad"], page_table, page_size, num_pages, length_of)
 
-        uniform_length = capacity if cache_seqlens is None else cache_seqlens
+        # an int cache_seqlens is every row's length: it bounds the used pages as capacity
+        bound = cache_seqlens if isinstance(cache_seqlens, int) and paged else capacity
+        tensors = (None, None, None, cache_seqlens if seqlens_tensor else None, cache_batch_idx,
+                   page_table)  # fmt: skip
         index_args = (
-            batch, cache_seqlens if seqlens_tensor else None,
-            0 if seqlens_tensor else uniform_length, cache_batch_idx, page_table, capacity,
-            k_cache.shape[0], page_size if paged else 1, num_pages if paged else 0,
+            batch, tensors, 0, -1, bound, 0, _INT32_MAX, k_cache.shape[0],
+            page_size if paged else 1, num_pages if paged else 0,
         )  # fmt: skip
         check = ValueCheck(build, judge, index_args)
 

@@ -476,11 +476,10 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_kv_index_flags_match_the_rule():
-    # the device-side flags of fwd_sm90.kv_index_flags against the rule, row by row: length
-    # outside [0, capacity] (bit 0), cache row outside [0, batch_cache) (bit 1), a used page
-    # (j < ceil(clamped length / page_size)) outside [0, num_pages) (bit 2); unused entries free
-    from cute_attn.fwd_sm90 import kv_index_flags
+def test_index_flags_match_the_rules():
+    # the device-side flags of fwd_sm90.index_flags against the rules, row by row (bits:
+    # arch/common/index_check.py); entries past a row's used pages are free
+    from cute_attn.fwd_sm90 import index_flags
 
     g = torch.Generator().manual_seed(3)
     b, max_pages, page_size, num_pages = 70, 40, 16, 500
@@ -490,21 +489,75 @@ def test_kv_index_flags_match_the_rule():
     for i in range(0, b, 3):  # some bad entries, used or not
         table[i, torch.randint(0, max_pages, (1,), generator=g)] = (-1) ** i * num_pages
     idx = torch.randint(-2, 9, (b,), generator=g, dtype=torch.int32)
-    used = -(-lens.clamp(0, cap) // page_size)
-    bad_page = ((torch.arange(max_pages)[None] < used[:, None])
-                & ((table < 0) | (table >= num_pages))).any(1)  # fmt: skip
-    want = ((lens < 0) | (lens > cap)).int() + 4 * bad_page.int()
-    cuda = {"device": "cuda"}
-    # a padded page table (row stride 48) as the kernels accept it
-    padded = torch.zeros(b, 48, dtype=torch.int32, **cuda)[:, :max_pages]
+
+    def bad_pages(lengths):
+        used = -(-lengths.clamp(0, cap) // page_size)
+        cols = torch.arange(max_pages)[None] < used[:, None]
+        return (cols & ((table < 0) | (table >= num_pages))).any(1).int()
+
+    def dev(*ts):
+        return tuple(None if t is None else t.cuda() for t in ts)
+
+    # a padded page table (row stride 48), as the kernels accept it
+    padded = torch.zeros(b, 48, dtype=torch.int32, device="cuda")[:, :max_pages]
     padded.copy_(table)
-    got = kv_index_flags(b, lens.to(**cuda), 0, None, padded, cap, 1, page_size, num_pages)
+    big = 2**31 - 1
+    # KV cache: cache_seqlens (bit 0) with pages (bit 2); cache_batch_idx (bit 1)
+    got = index_flags(b, (*dev(None, None, None, lens), None, padded), 0, -1, cap, 0, big, 1,
+                      page_size, num_pages)  # fmt: skip
+    want = ((lens < 0) | (lens > cap)).int() + 4 * bad_pages(lens)
     assert torch.equal(got.cpu(), want)
-    got = kv_index_flags(b, None, 100, idx.to(**cuda), None, 300, 7, 1, 0)
+    got = index_flags(b, dev(None, None, None, None, idx, None), 0, -1, 300, 0, big, 7, 1, 0)
     assert torch.equal(got.cpu(), 2 * ((idx < 0) | (idx >= 7)).int())
-    got = kv_index_flags(b, None, cap, None, table.to(**cuda), cap, 1, page_size, num_pages)
-    full = ((table < 0) | (table >= num_pages)).any(1).int()
-    assert torch.equal(got.cpu(), 4 * full)
+    # varlen: cu_seqlens_q (bit 3), cu_seqlens_k (bit 4), seqused_q (bit 5), seqused_k (bit 0)
+    span_q = torch.randint(0, 50, (b,), generator=g, dtype=torch.int32)
+    span_k = torch.randint(0, 70, (b,), generator=g, dtype=torch.int32)
+    span_q[5], span_k[9] = -4, -1  # decreasing cu_seqlens
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int32), span_q.cumsum(0).int()])
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), span_k.cumsum(0).int()])
+    cu_q[0] = 1  # first entry not 0
+    used_q = torch.randint(-1, 52, (b,), generator=g, dtype=torch.int32)
+    used_k = torch.randint(-1, 72, (b,), generator=g, dtype=torch.int32)
+    total_q, total_k, max_q, max_k = int(cu_q[-1]), int(cu_k[-1]) + 1, 45, 66
+    got = index_flags(b, dev(cu_q, cu_k, used_q, used_k, None, None), total_q, total_k,
+                      total_k, max_q, max_k, 0, 1, 0)  # fmt: skip
+    sq, sk = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    want = 8 * ((sq < 0) | (sq > max_q)).int() + 16 * ((sk < 0) | (sk > max_k)).int()
+    want[0] |= 8 * int(cu_q[0] != 0)
+    want[-1] |= 16  # cu_seqlens_k's end is not total_k
+    want += 32 * ((used_q < 0) | (used_q > sq)).int() + ((used_k < 0) | (used_k > sk)).int()
+    assert torch.equal(got.cpu(), want)
+    # paged varlen: cu_seqlens_k spans against the capacity, pages of the used keys
+    got = index_flags(b, (*dev(None, cu_k, None, None), None, padded), 0, -1, cap, 0, big, 0,
+                      page_size, num_pages)  # fmt: skip
+    want = 16 * (sk < 0).int() + 4 * bad_pages(sk)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+def test_varlen_checks_after_launch():
+    # varlen index checks are read after the launch too: a bad cu_seqlens_q (past total_q,
+    # which would move the ragged O store outside out) raises the usual ValueError, and the
+    # next valid call is exact (the kernel clamped the bad offsets into its tensors)
+    h, hkv, d = 4, 2, 128
+    g = _gen(11)
+    q, k = _packed(LENS_Q, h, d, torch.bfloat16, g), _packed(LENS_K, hkv, d, torch.bfloat16, g)
+    v = _packed(LENS_K, hkv, d, torch.bfloat16, g)
+    kw = dict(max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K), causal=True)
+    # a canary next to the inputs (best effort: the allocator decides what lies past out)
+    guard = torch.full((4096, h, d), 7.0, device="cuda", dtype=torch.bfloat16)
+    for bad_q, bad_k, match in (
+        ([0, 0, 1, 114, 119, 5000, 658, 660], _cu(LENS_K).tolist(), "cu_seqlens_q"),
+        (_cu(LENS_Q).tolist(), [0, 3, 4, 207, 207, -50, 670], "cu_seqlens_k"),
+    ):
+        cu_q, cu_k = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (bad_q, bad_k))
+        with pytest.raises(ValueError, match=match):
+            flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    torch.cuda.synchronize()  # an out-of-bounds access would surface here
+    assert bool((guard == 7.0).all())
+    out, lse = _varlen(q, k, v, LENS_Q, LENS_K, **kw)
+    ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, causal=True)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 # ---------------------------------------------------------------- CPU: compile for sm_90a
@@ -528,25 +581,29 @@ print(json.dumps(rows))
 _INDEX_CHECK_SNIPPET = r"""
 import json, os, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-from cute_attn.arch.sm90.compile import compile_kv_index_check
+from cute_attn.arch.sm90.compile import compile_index_check
 from cute_attn.aot import _sass
 rows = []
-for args in ((True, False, True), (True, True, False), (False, True, False), (False, False, True)):
-    fn = compile_kv_index_check(*args, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+for present in ({"seqused_k": True, "paged": True}, {"seqused_k": True, "batch_idx": True},
+                {"cu_seqlens_q": True, "cu_seqlens_k": True},
+                {"cu_seqlens_q": True, "cu_seqlens_k": True, "seqused_q": True,
+                 "seqused_k": True, "paged": True}):
+    fn = compile_index_check(f"--keep-cubin --dump-dir={tempfile.mkdtemp()}", **present)
     sass = _sass(fn.__cubin__)
-    rows.append({"args": args, "sass": bool(sass), "vote": "VOTE" in sass,
+    rows.append({"present": present, "sass": bool(sass), "vote": "VOTE" in sass,
                  "spills": sass.count("STL") + sass.count("LDL")})
 print(json.dumps(rows))
 """
 
 
 @pytest.mark.compile
-def test_compile_kv_index_check(tmp_path):
+def test_compile_index_check(tmp_path):
     rows = run_json_snippet(_INDEX_CHECK_SNIPPET, tmp_path)
     assert len(rows) == 4
     for r in rows:
         assert r["sass"] and r["spills"] == 0, r
-        assert r["vote"] == r["args"][2], r  # the page loop's warp vote, only when paged
+        # the page loop's warp vote, only where there are pages
+        assert r["vote"] == r["present"].get("paged", False), r
 
 
 @pytest.mark.compile

@@ -21,6 +21,7 @@ from cute_attn.validation import (
     validate_kvcache,
     validate_kvcache_deferred,
     validate_varlen,
+    validate_varlen_deferred,
 )
 
 I32 = torch.int32
@@ -348,6 +349,23 @@ def test_varlen_fills_problem():
     assert (p.seqlen_q, p.seqlen_k) == (8, 5)
 
 
+def test_varlen_deferred_check_only_with_both_max_seqlens():
+    # with max_seqlen_q/k given the value checks come back unread (a kernel call launches,
+    # then waits for them); without, they are read at once since the lengths come from them
+    q, k, v = packed()
+    bad = i32([0, 4, 5])  # sequence 0 longer than max_seqlen_q = 3
+    p, check = validate_varlen_deferred(
+        q, k, v, **vknobs(cu_seqlens_q=bad, max_seqlen_q=3, max_seqlen_k=5)
+    )
+    assert p.seqlen_q == 3 and check is not None
+    tensors = check.index_args[1]
+    assert tensors[0] is bad and tensors[4:] == (None, None)
+    with pytest.raises(ValueError, match="max_seqlen_q: expected >= the longest"):
+        check.wait()
+    p, check = validate_varlen_deferred(q, k, v, **vknobs())
+    assert check is None and (p.seqlen_q, p.seqlen_k) == (3, 5)
+
+
 def test_varlen_empty_batch_and_empty_sequences():
     p = varlen(*packed(0, 0), cu_seqlens_q=i32([0]), cu_seqlens_k=i32([0]))
     assert (p.batch, p.seqlen_q, p.seqlen_k) == (0, 0, 0)
@@ -560,9 +578,9 @@ def test_kvcache_deferred_check_raises_on_wait_only():
     lens = i32([3, 11])
     p, check = validate_kvcache_deferred(q, kc, vc, None, None, **kvknobs(cache_seqlens=lens))
     assert p.seqlen_k == 10 and check is not None
-    batch, lengths, uniform, idx, table, capacity, batch_cache, _, _ = check.index_args
-    assert (batch, uniform, idx, table, capacity, batch_cache) == (2, 0, None, None, 10, 2)
-    assert lengths is lens
+    batch, tensors, _, _, capacity, _, _, batch_cache, _, _ = check.index_args
+    assert (batch, capacity, batch_cache) == (2, 10, 2)
+    assert tensors[3] is lens and tensors[:3] == (None,) * 3 and tensors[4:] == (None, None)
     with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 11"):
         check.wait()
     _, ok = validate_kvcache_deferred(q, kc, vc, None, None, **kvknobs(cache_seqlens=i32([3, 9])))

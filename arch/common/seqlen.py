@@ -82,6 +82,11 @@ def ragged_rows(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(shifted, layout)
 
 
+@cute.jit
+def _clamp(x: Int32, lo: Int32, hi: Int32) -> Int32:
+    return cutlass.min(cutlass.max(x, lo), hi)
+
+
 class SeqInfo(DslStruct):
     _dynamic_ = ("offset_q", "seqlen_q", "offset_k", "seqlen_k", "q_batch", "kv_batch")
 
@@ -108,26 +113,32 @@ class SeqInfo(DslStruct):
         mSeqUsedK,
         mKvBatchIdx,
     ):
+        # Offsets and lengths are clamped into the tensors (packed q: [0, total_q]; packed k:
+        # [0, total_k]; paged or cached keys: [0, capacity]): the host may check index values
+        # only after this launch (cute_attn.validation.ValueCheck.defer), so a bad value must
+        # not move a load, and above all the ragged O store, outside the tensors. Valid values
+        # pass unchanged.
         offset_q, seqlen_q, q_batch = Int32(0), Int32(seqlen_q_static), batch
         if cutlass.const_expr(features.cu_seqlens_q):
-            offset_q = mCuSeqlensQ[batch]
-            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+            offset_q = _clamp(mCuSeqlensQ[batch], Int32(0), seqlen_q_static)
+            seqlen_q = _clamp(mCuSeqlensQ[batch + 1], offset_q, seqlen_q_static) - offset_q
             q_batch = Int32(0)
         if cutlass.const_expr(features.seqused_q):
-            seqlen_q = mSeqUsedQ[batch]
+            seqlen_q = _clamp(mSeqUsedQ[batch], Int32(0), seqlen_q)
         offset_k, seqlen_k, kv_batch = Int32(0), Int32(seqlen_k_static), batch
         if cutlass.const_expr(features.kv_batch_idx):
-            kv_batch = mKvBatchIdx[batch]
+            kv_batch = mKvBatchIdx[batch]  # out of range: TMA fills zeros, never faults
         if cutlass.const_expr(features.cu_seqlens_k):
-            seqlen_k = mCuSeqlensK[batch + 1] - mCuSeqlensK[batch]
-            if cutlass.const_expr(not features.paged_kv):
-                offset_k = mCuSeqlensK[batch]
+            if cutlass.const_expr(features.paged_kv):
+                # the pages say where keys live: only the span counts
+                span = mCuSeqlensK[batch + 1] - mCuSeqlensK[batch]
+                seqlen_k = _clamp(span, Int32(0), seqlen_k_static)
+            else:
+                offset_k = _clamp(mCuSeqlensK[batch], Int32(0), seqlen_k_static)
+                seqlen_k = _clamp(mCuSeqlensK[batch + 1], offset_k, seqlen_k_static) - offset_k
                 kv_batch = Int32(0)
         if cutlass.const_expr(features.seqused_k):
-            # clamped into [0, the cache's capacity]: a KV-cache call may check its lengths on
-            # the host only after this launch (ValueCheck.defer), so a bad value must not make
-            # the kernel read past its page table or cache
-            seqlen_k = cutlass.min(cutlass.max(mSeqUsedK[batch], Int32(0)), seqlen_k_static)
+            seqlen_k = _clamp(mSeqUsedK[batch], Int32(0), seqlen_k)
         return SeqInfo(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features)
 
     def rows_q(self, t: cute.Tensor) -> cute.Tensor:

@@ -22,7 +22,7 @@ import cutlass.cute as cute
 
 from ..common.bwd_postprocess import BwdPostprocess
 from ..common.bwd_preprocess import BwdPreprocess
-from ..common.index_check import KvIndexCheck
+from ..common.index_check import IndexCheck
 from ..common.seqlen import InputFeatures
 from ..common.split_combine import SplitCombine
 from .flash_bwd import FlashBwdSm90
@@ -200,24 +200,33 @@ def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = "", *
     )  # fmt: skip
 
 
-def compile_kv_index_check(has_lengths: bool, has_batch_idx: bool, paged: bool, options: str = ""):
-    """TVM-FFI function (flags, cache_seqlens, cache_batch_idx, page_table, uniform_length,
-    capacity, batch_cache, page_size, num_pages); see KvIndexCheck. Absent tensors are None."""
-    b = cute.sym_int()
+def compile_index_check(options: str = "", **present):
+    """TVM-FFI function (flags, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+    cache_batch_idx, page_table, total_q, total_k, capacity, max_q, max_k, batch_cache,
+    page_size, num_pages); see IndexCheck, whose keyword flags `present` passes on (which
+    index tensors exist; absent ones are None at the call)."""
+    b, b1 = cute.sym_int(), cute.sym_int()
 
-    def vector():
-        return cute.runtime.make_fake_compact_tensor(cutlass.Int32, (b,), assumed_align=4)
+    def vector(n):
+        return cute.runtime.make_fake_compact_tensor(cutlass.Int32, (n,), assumed_align=4)
 
+    kernel = IndexCheck(**present)
     table = None
-    if paged:  # (batch, max_pages), rows possibly padded (any row stride)
+    if kernel.paged:  # (batch, max_pages), rows possibly padded (any row stride)
         table = cute.runtime.make_fake_tensor(
             cutlass.Int32, (b, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4
         )
+    tensors = [
+        vector(b1) if kernel.cu_seqlens_q else None,
+        vector(b1) if kernel.cu_seqlens_k else None,
+        vector(b) if kernel.seqused_q else None,
+        vector(b) if kernel.seqused_k else None,
+        vector(b) if kernel.batch_idx else None,
+        table,
+    ]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    kernel = KvIndexCheck(has_lengths, has_batch_idx, paged)
-    i32 = cutlass.Int32
+    scalars = [cutlass.Int32(0)] * 8
     return cute.compile(
-        kernel, vector(), vector() if has_lengths else None, vector() if has_batch_idx else None,
-        table, i32(0), i32(0), i32(0), i32(1), i32(0), stream,
+        kernel, vector(b), *tensors, *scalars, stream,
         options=("--enable-tvm-ffi " + options).strip(),
     )  # fmt: skip
