@@ -34,11 +34,18 @@ Constraints and decisions:
 
 Cost: the dense path does attribute reads and python comparisons only (no tensor ops, no device
 sync; a few microseconds). varlen and kvcache must look at index *values* (cu_seqlens, seqused,
-page_table, cache_seqlens, cache_batch_idx): those checks gather everything into one tensor and
-read it with one `.tolist()`, i.e. ONE host sync per call. They are skipped (only shapes, dtypes
-and devices are checked) where reading values is impossible: under torch.compile tracing, during
-CUDA graph capture, and for fake tensors; and everywhere with CUTE_ATTN_CHECK_VALUES=0 (eager
-serving loops that vouch for their index tensors and cannot afford the sync).
+page_table, cache_seqlens, cache_batch_idx): `validate_varlen_deferred` /
+`validate_kvcache_deferred` return those checks unread as a `ValueCheck`. Read at once
+(`validate_varlen` / `validate_kvcache`, the reference path, appends and rotary) they gather the
+values into one tensor and read it with one `.tolist()`, ONE host sync before the launch. A
+kernel call instead `defer()`s them: one device launch flags bad rows (arch/common/index_check),
+the flags travel to pinned memory behind it, the attention kernel is launched, and `wait()`
+then reads the flags (still one sync per call, but after the launch, so the stream never
+drains ahead of the kernel; a set flag reruns the synchronous checks to name the bad entry).
+The checks are skipped (only shapes, dtypes and devices are checked) where reading values is
+impossible: under torch.compile tracing, during CUDA graph capture, and for fake tensors; and
+everywhere with CUTE_ATTN_CHECK_VALUES=0 (eager loops that vouch for their index tensors and
+cannot afford any sync).
 
 Run the tests: python -m pytest tests/test_validation.py -q
 """
