@@ -476,6 +476,26 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_kvcache_paged_uniform_length_read_only():
+    # an int cache_seqlens with a page table: the device check covers the pages of that
+    # length only (entries past them may be -1), a bad used entry still raises
+    b, h, hkv, d, page_size, max_pages, n = 2, 8, 2, 128, 64, 8, 300
+    g = _gen(21)
+    kc, vc, table = _paged_cache(b, hkv, d, page_size, max_pages, [n] * b, g)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, page_table=table)
+    _check_route(page_size)
+    ks, vs = _dense_rows(kc, table, [n] * b), _dense_rows(vc, table, [n] * b)
+    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    assert_matches(out, lse, ref, ref_lse, same)
+    bad = table.clone()
+    bad[1, 4] = -3  # page 4 holds keys 256..299: used
+    with pytest.raises(ValueError, match=r"entry \[1, 4\] = -3"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, page_table=bad)
+
+
+@pytest.mark.gpu
 def test_index_flags_match_the_rules():
     # the device-side flags of fwd_sm90.index_flags against the rules, row by row (bits:
     # arch/common/index_check.py); entries past a row's used pages are free
@@ -585,6 +605,7 @@ from cute_attn.arch.sm90.compile import compile_index_check
 from cute_attn.aot import _sass
 rows = []
 for present in ({"seqused_k": True, "paged": True}, {"seqused_k": True, "batch_idx": True},
+                {"paged": True},
                 {"cu_seqlens_q": True, "cu_seqlens_k": True},
                 {"cu_seqlens_q": True, "cu_seqlens_k": True, "seqused_q": True,
                  "seqused_k": True, "paged": True}):
@@ -599,7 +620,7 @@ print(json.dumps(rows))
 @pytest.mark.compile
 def test_compile_index_check(tmp_path):
     rows = run_json_snippet(_INDEX_CHECK_SNIPPET, tmp_path)
-    assert len(rows) == 4
+    assert len(rows) == 5
     for r in rows:
         assert r["sass"] and r["spills"] == 0, r
         # the page loop's warp vote, only where there are pages

@@ -67,8 +67,6 @@ class IndexCheck:
             raise ValueError("seqused_q is checked against cu_seqlens_q spans")
         if self.paged and self.batch_idx:
             raise ValueError("paged caches map rows to pages themselves: no cache_batch_idx")
-        if self.paged and not (self.cu_seqlens_k or self.seqused_k):
-            raise ValueError("paged rows need key lengths: seqused_k or cu_seqlens_k")
 
     @cute.jit
     def __call__(
@@ -126,7 +124,9 @@ class IndexCheck:
             flags = flags | self._flag(span_q > max_q, BAD_CU_Q)
             flags = flags | self._flag((b == 0) & (start != 0), BAD_CU_Q)
             flags = flags | self._flag((b == last) & (end != total_q), BAD_CU_Q)
-        length_k = capacity  # every row full unless lengths say otherwise
+        # every row full unless lengths say otherwise (a KV-cache call with an int
+        # cache_seqlens passes that length as the capacity)
+        length_k = capacity
         if cutlass.const_expr(self.cu_seqlens_k):
             start, end = mCuSeqlensK[b], mCuSeqlensK[b + 1]
             length_k = end - start
