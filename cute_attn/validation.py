@@ -361,13 +361,14 @@ class ValueCheck:
     an asynchronous copy of the flags into pinned host memory, so the kernel launched next is
     already on the stream while the later `wait()` waits for the copy only. When a flag is set,
     `wait()` runs the synchronous checks to name the entry. Only for kernels that stay inside
-    their tensors on any index value (the read-only KV-cache kernel clamps key lengths to the
-    capacity; its TMA loads fill out-of-range page or cache-row coordinates with zeros), so a
-    bad value costs a discarded output and the same ValueError, not a fault."""
+    their tensors on any index value (the forward kernel clamps packed offsets and every length
+    into its tensors, arch/common/seqlen.SeqInfo; its TMA loads fill out-of-range page or
+    cache-row coordinates with zeros), so a bad value costs a discarded output and the same
+    ValueError, not a fault."""
 
     def __init__(self, build, judge, index_args: tuple):
         self._build = build  # () -> list of int32 device tensors (the values judge reads)
-        self._judge = judge  # list of per-piece value lists -> None, or raises
+        self._judge = judge  # per-piece value lists -> what the checks derive, or raises
         self.index_args = index_args  # fwd_sm90.index_flags' arguments
         self._flags: torch.Tensor | None = None
         self._event = None
