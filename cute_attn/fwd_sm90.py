@@ -167,6 +167,12 @@ def build_index_check(key: IndexCheckKey):
     return compile_index_check(**present)
 
 
+@functools.lru_cache(maxsize=64)
+def _index_check_fn(present: tuple):
+    # memoized: the key construction and cache lookup stay off the per-call path
+    return build_index_check(IndexCheckKey(ARCH, *present))
+
+
 def index_flags(
     batch: int, tensors: tuple, total_q: int, total_k: int, capacity: int, max_q: int,
     max_k: int, batch_cache: int, page_size: int, num_pages: int,
@@ -181,14 +187,14 @@ def index_flags(
     table = tensors[5]
     if table is not None and table.stride(-1) != 1:
         table = table.clone(memory_format=torch.contiguous_format)
-    key = IndexCheckKey(ARCH, *(t is not None for t in tensors))
     flags = torch.empty((batch,), dtype=torch.int32, device=like.device)
     if batch == 0:
         return flags  # nothing to check (and no empty grid to launch)
+    fn = _index_check_fn(tuple(t is not None for t in tensors))
     with contextlib.nullcontext() if like.device.index == torch.cuda.current_device() else (
         torch.cuda.device(like.device)
     ):  # fmt: skip
-        build_index_check(key)(
+        fn(
             flags, *vectors, table, total_q, total_k, capacity, max_q, max_k, batch_cache,
             page_size, num_pages,
         )  # fmt: skip

@@ -118,22 +118,14 @@ class IndexCheck:
         flags = Int32(0)
         span_q = Int32(0)
         if cutlass.const_expr(self.cu_seqlens_q):
-            start, end = mCuSeqlensQ[b], mCuSeqlensQ[b + 1]
-            span_q = end - start
-            flags = flags | self._flag(span_q < 0, BAD_CU_Q)
-            flags = flags | self._flag(span_q > max_q, BAD_CU_Q)
-            flags = flags | self._flag((b == 0) & (start != 0), BAD_CU_Q)
-            flags = flags | self._flag((b == last) & (end != total_q), BAD_CU_Q)
+            span_q, bad_q = self._cu_seqlens_flags(mCuSeqlensQ, b, last, total_q, max_q, BAD_CU_Q)
+            flags = flags | bad_q
         # every row full unless lengths say otherwise (a KV-cache call with an int
         # cache_seqlens passes that length as the capacity)
         length_k = capacity
         if cutlass.const_expr(self.cu_seqlens_k):
-            start, end = mCuSeqlensK[b], mCuSeqlensK[b + 1]
-            length_k = end - start
-            flags = flags | self._flag(length_k < 0, BAD_CU_K)
-            flags = flags | self._flag(length_k > max_k, BAD_CU_K)
-            flags = flags | self._flag((b == 0) & (start != 0), BAD_CU_K)
-            flags = flags | self._flag((b == last) & (total_k >= 0) & (end != total_k), BAD_CU_K)
+            length_k, bad_k = self._cu_seqlens_flags(mCuSeqlensK, b, last, total_k, max_k, BAD_CU_K)
+            flags = flags | bad_k
             if cutlass.const_expr(self.paged):
                 flags = flags | self._flag(length_k > capacity, BAD_CU_K)
         if cutlass.const_expr(self.seqused_q):
@@ -158,6 +150,19 @@ class IndexCheck:
                 flags = flags | BAD_PAGE
         if lane == 0:
             mFlags[b] = flags
+
+    @cute.jit
+    def _cu_seqlens_flags(
+        self, mCu: cute.Tensor, b: Int32, last: Int32, total: Int32, max_len: Int32, bit: int
+    ):
+        """(span of row b, `bit` if cu_seqlens breaks a rule there): nondecreasing, first entry
+        0, last entry `total` (free when total < 0), no span longer than max_len."""
+        start, end = mCu[b], mCu[b + 1]
+        span = end - start
+        bad = self._flag(span < 0, bit) | self._flag(span > max_len, bit)
+        bad = bad | self._flag((b == 0) & (start != 0), bit)
+        bad = bad | self._flag((b == last) & (total >= 0) & (end != total), bit)
+        return span, bad
 
     @cute.jit
     def _flag(self, cond, bit: int) -> Int32:
