@@ -58,6 +58,20 @@ FWD_INPUTS = (
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
 )  # fmt: skip
+# The small kernels around the attention ones, also JIT-compiled at a first call: the split-KV
+# combine per (dtype, head_dim_v), and the index-value check per set of index tensors the
+# varlen and KV-cache entries pass (validation: cu_seqlens_q always in varlen, cu_seqlens_k
+# unless paged lengths come from seqused_k; KV-cache: cache_seqlens, cache_batch_idx or pages).
+INDEX_CHECK_SETS = tuple(
+    {"cu_seqlens_q": True, "cu_seqlens_k": cu_k, "seqused_q": used_q, "seqused_k": used_k,
+     "paged": paged}
+    for paged, cu_k, used_q, used_k in itertools.product((False, True), repeat=4)
+    if cu_k or (paged and used_k)
+) + tuple(
+    {"seqused_k": used_k, "batch_idx": rows == "batch_idx", "paged": rows == "paged"}
+    for used_k, rows in itertools.product((True, False), ("", "batch_idx", "paged"))
+    if used_k or rows
+)  # fmt: skip
 # split partials (fp32) leave registers by predicated stores, not the TMA store; packed
 # sequences use the TMA store through a ragged view (arch/common/seqlen.ragged_rows)
 DIRECT_STORE_INPUTS = ("split_kv",)
@@ -161,22 +175,27 @@ def compile_variants(
     builders = {"sm90_fwd": (build_fwd, make_fwd_key), "sm90_bwd": (build_bwd, make_bwd_key)}
 
     dtypes = [d for d in (dtypes or ["bf16", "fp16"]) if DTYPE_NAMES[d]]
+    jobs = []  # (name, kind, build thunk, instructions meant)
+    for name, kind, p, inputs in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
+        meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
+        if any(inputs.get(f) for f in DIRECT_STORE_INPUTS):
+            meant = tuple(i for i in meant if i != "UTMASTG")
+        if inputs.get("split_kv"):
+            meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
+        build, make_key = builders[kind]
+        jobs.append((name, kind, lambda b=build, m=make_key, p=p, i=inputs: b(m(p, arch, i)),
+                     meant))  # fmt: skip
+    jobs += list(_aux_jobs(arch, head_dims, dtypes))
     rows = []
     old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
     os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"
     try:
-        for name, kind, p, inputs in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
-            meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
-            if any(inputs.get(f) for f in DIRECT_STORE_INPUTS):
-                meant = tuple(i for i in meant if i != "UTMASTG")
-            if inputs.get("split_kv"):
-                meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
-            row = {"name": name, "arch": arch, "seconds": None, "registers": None,
+        for name, kind, build, meant in jobs:
+            row = {"name": name, "kind": kind, "arch": arch, "seconds": None, "registers": None,
                    "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
             t0 = time.perf_counter()
             try:
-                build, make_key = builders[kind]
-                fn = build(make_key(p, arch, inputs))
+                fn = build()
                 row["seconds"] = round(time.perf_counter() - t0, 2)
                 cubin = getattr(fn, "__cubin__", None)
                 if cubin:  # None when it came from the disk cache (no artifacts kept)
@@ -207,3 +226,24 @@ def compile_variants(
         else:
             os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = old
     return rows
+
+
+def _aux_jobs(arch, head_dims, dtypes):
+    """(name, kind, build thunk, instructions meant) of the combine and index-check kernels:
+    one combine per dtype and head_dim_v of the selected head dims, every index-check set."""
+    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
+    from .fwd_sm90 import CombineKey, IndexCheckKey, build_combine, build_index_check
+
+    dvs = sorted({dv for d, dv in SUPPORTED_HEAD_DIMS if not head_dims or d in head_dims})
+    for dt, dv in itertools.product(dtypes, dvs):
+        key = CombineKey(arch, DTYPE_NAMES[dt], dv)
+        # butterfly shuffles reduce max and sum over splits; ACQBULK: the PDL wait
+        yield f"sm90_combine dv{dv} {dt}", "sm90_aux", lambda k=key: build_combine(k), (
+            "SHFL.BFLY", "ACQBULK")  # fmt: skip
+    fields = [f.name for f in dataclasses.fields(IndexCheckKey) if f.name != "arch"]
+    for present in INDEX_CHECK_SETS:
+        key = IndexCheckKey(arch, *(present.get(f, False) for f in fields))
+        label = "+".join(f for f in fields if getattr(key, f))
+        # a warp vote over the page loop, only where there are pages
+        yield f"sm90_index_check {label}", "sm90_aux", lambda k=key: build_index_check(k), (
+            ("VOTE",) if key.paged else ())  # fmt: skip

@@ -11,10 +11,12 @@ import torch
 
 from . import dispatch, inference, reference
 from .validation import (
+    _can_read_values,
     _check_bool,
     validate_dense,
-    validate_kvcache_deferred,
+    validate_kvcache_static,
     validate_varlen_deferred,
+    value_checks_enabled,
 )
 
 
@@ -295,13 +297,49 @@ def flash_attn_with_kvcache(
     dense copy first, which last_dispatch() reports). CPU runs the reference.
     See cute_attn.inference for the exact semantics.
     """
-    p, check = validate_kvcache_deferred(
+    knobs = (softmax_scale, causal, window_size, softcap, num_splits, fallback,
+             rotary_interleaved)  # fmt: skip
+    key = None
+    if k is None and v is None and rotary_cos is None and rotary_sin is None:
+        if not torch.compiler.is_compiling():
+            key = _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
+                                     page_table, knobs)  # fmt: skip
+    if key is not None:
+        try:
+            hit = _kvcache_memo.get(key)
+        except TypeError:  # an unhashable argument: validation names what is wrong with it
+            hit = key = None
+        if hit is not None:
+            p, decision, values, launch = hit
+            dispatch.replay(decision)
+            check = None
+            if values is not None and value_checks_enabled():
+                # (as _can_read_values: a plain tensor here, so not fake; no reads in capture)
+                if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+                    check = values.check(cache_seqlens, cache_batch_idx, page_table)
+            if launch is None:
+                return _kvcache_kernel(q, k_cache, v_cache, p, check, cache_seqlens,
+                                       cache_batch_idx, page_table)  # fmt: skip
+            from .fwd_sm90 import index_flags
+
+            if check is not None:
+                check.defer(index_flags)
+            # the signature holds int32 (B,) cache_seqlens on q's device, unit-stride indices
+            res = launch(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table)
+            if check is not None:
+                check.wait()
+            return res
+
+    p, values = validate_kvcache_static(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
         page_table=page_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         num_splits=num_splits,
     )  # fmt: skip
     _check_bool("rotary_interleaved", rotary_interleaved)
+    check = None
+    if values is not None and _can_read_values(q):
+        check = values.check(cache_seqlens, cache_batch_idx, page_table)
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
     if k is not None:
         named += [("k", k), ("v", v)]
@@ -315,25 +353,78 @@ def flash_attn_with_kvcache(
     # decode step (0.66-0.75x of FA4 on the eager paged rows, docs/perf/README.md). Appends
     # (torch index writes) and rotary (torch gathers at cache_seqlens) must not run on
     # unchecked values: they read first.
-    deferred = check is not None and d.impl == "sm90_fwd" and k is None and rotary_cos is None
-    if check is not None and not deferred:
+    read_only = k is None and rotary_cos is None
+    if check is not None and not (d.impl == "sm90_fwd" and read_only):
         check.wait()
+        check = None
     if d.impl != "sm90_fwd":
         return inference.kvcache_reference(q, k_cache, v_cache, k, v, problem=p, **prep)
-    from .fwd_sm90 import index_flags, run_fwd_kvcache
-
-    if deferred:
-        check.defer(index_flags)  # one launch ahead of the kernel, read after it
-
     q, seqused_k, _ = inference.kvcache_prepare(
         q, k_cache, v_cache, k, v, problem=p, lengths_dtype=torch.int32, with_pages=False, **prep
     )
+    if key is not None:
+        _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx)
+    return _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table)
+
+
+# The KV-cache entry's host fast path, like the dense entry's: a read-only kernel call (no
+# append, no rotary) whose signature matches an earlier one reuses its problem, decision,
+# value-check description and bound launcher. Only tensor cache_seqlens calls are remembered:
+# int or None lengths need a per-call lengths tensor (kvcache_prepare), which the full path
+# builds. Measured in docs/perf/README.md ("KV-cache memo").
+_kvcache_memo: dict = {}
+
+
+def _index_meta(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table, knobs):
+    """The memo key of a read-only KV-cache call (as _dense_signature), or None: tensor
+    subclasses, a window that is not a 2-tuple, lengths that are not a plain tensor."""
+    if type(q) is not _Tensor or type(k_cache) is not _Tensor or type(v_cache) is not _Tensor:
+        return None
+    if type(cache_seqlens) is not _Tensor:
+        return None
+    for t in (cache_batch_idx, page_table):
+        if t is not None and type(t) is not _Tensor:
+            return None
+    window = knobs[2]
+    if type(window) is not tuple or len(window) != 2:
+        return None
+    return (
+        q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(),
+        q.dtype, k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device,
+        (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15,
+        _index_meta(cache_seqlens), _index_meta(cache_batch_idx), _index_meta(page_table),
+        *knobs, *window, *map(type, knobs), *map(type, window),
+    )  # fmt: skip
+
+
+def _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx) -> None:
+    from .fwd_sm90 import kvcache_launcher
+
+    if len(_kvcache_memo) >= _DENSE_MEMO_MAX:
+        _kvcache_memo.clear()
+    launch = kvcache_launcher(
+        q, k_cache, p, batch_idx=cache_batch_idx is not None, paged=page_table is not None
+    )
+    _kvcache_memo[key] = (p, d, values, launch)
+
+
+def _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table):
+    """The SM90 kernel over a validated, already appended cache; a given check is deferred
+    behind its flags launch and read after the kernel's."""
+    from .fwd_sm90 import index_flags, run_fwd_kvcache
+
+    if check is not None:
+        check.defer(index_flags)  # one launch ahead of the kernel, read after it
     res = run_fwd_kvcache(
         q, k_cache, v_cache, p, seqused_k=seqused_k.contiguous(),
         kv_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
         page_table=None if page_table is None else _rows_contiguous(page_table),
     )  # fmt: skip
-    if deferred:
+    if check is not None:
         check.wait()  # raises on a bad index value; the launched kernel stayed in bounds
     return res
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 
 import torch
 
@@ -29,7 +28,7 @@ from .cache import KernelKey, compiled_cache
 from .fwd_sm90 import (
     ARCH,
     Sm90Key,
-    _dump_dir,
+    _artifact_options,
     softmax_scales,
     static_features,
     unsupported_reason,
@@ -87,10 +86,7 @@ def build_bwd(key: BwdKey):
 
     fields = {f.name for f in dataclasses.fields(BwdSpec)} - {"config", "features"}
     spec = BwdSpec(**{name: getattr(key, name) for name in fields}, config=BwdTileConfig(*key.tile))
-    options = ""
-    if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":
-        options = f"--keep-ptx --keep-cubin --dump-dir={_dump_dir()}"
-    return compile_bwd(spec, options)
+    return compile_bwd(spec, _artifact_options())
 
 
 def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:

@@ -145,18 +145,23 @@ def build_fwd(key: FwdKey):
         config=FwdTileConfig(*key.tile),
         features=InputFeatures(*key.features),
     )
-    options = ""
+    return compile_fwd(spec, _artifact_options())
+
+
+def _artifact_options() -> str:
+    """Compile options that keep PTX and cubin (CUTE_ATTN_KEEP_ARTIFACTS=1, what cute_attn.aot
+    sets to read registers, spills and SASS), else none."""
     if os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS") == "1":
         # the DSL writes the kept files next to the working directory unless told otherwise
-        options = f"--keep-ptx --keep-cubin --dump-dir={_dump_dir()}"
-    return compile_fwd(spec, options)
+        return f"--keep-ptx --keep-cubin --dump-dir={_dump_dir()}"
+    return ""
 
 
 @compiled_cache("sm90_combine")
 def build_combine(key: CombineKey):
     from .arch.sm90.compile import compile_split_combine
 
-    return compile_split_combine(key.dtype, key.head_dim_v)
+    return compile_split_combine(key.dtype, key.head_dim_v, _artifact_options())
 
 
 @compiled_cache("sm90_index_check")
@@ -164,7 +169,7 @@ def build_index_check(key: IndexCheckKey):
     from .arch.sm90.compile import compile_index_check
 
     present = {f.name: getattr(key, f.name) for f in dataclasses.fields(key) if f.name != "arch"}
-    return compile_index_check(**present)
+    return compile_index_check(_artifact_options(), **present)
 
 
 @functools.lru_cache(maxsize=64)
@@ -428,29 +433,72 @@ def run_fwd(q, k, v, p: AttnProblem) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dense_launcher(q, p: AttnProblem):
     """A launcher `(q, k, v) -> (out, lse)` for later dense calls with q's exact signature
-    (the dense entry's memo holds it), or None when the call needs more than two allocations
-    and one launch: empty sizes, split-KV, or packed decode rows. It runs what run_fwd would,
-    with the plan and every argument that depends only on the signature bound once."""
-    b, sq, h, _ = q.shape
+    (the dense entry's memo holds it), or None for empty sizes (run_fwd's fills). It runs
+    what run_fwd would, with the plan and every argument that depends only on the signature
+    bound once."""
+    b, sq, _, _ = q.shape
     if b == 0 or sq == 0 or p.seqlen_k == 0:
         return None
-    index = q.device.index
-    plan = _plan(p, _DENSE, b, sq, p.seqlen_k, _pack_decode(p, sq), index)
-    if plan.splits > 1 or plan.group > 1:
+    return _bound_launch(q, p, _DENSE, sq, p.seqlen_k, _pack_decode(p, sq))
+
+
+def kvcache_launcher(q, k_cache, p: AttnProblem, *, batch_idx: bool, paged: bool):
+    """A launcher `(q, k_cache, v_cache, seqused_k, kv_batch_idx, page_table) -> (out, lse)`
+    for later read-only KV-cache calls with this exact signature (the entry's memo holds it),
+    or None where run_fwd_kvcache does more than allocate and launch (empty sizes, the
+    gathered page route)."""
+    b, sq, _, _ = q.shape
+    capacity = p.seqlen_k  # S_cache, or max_pages * page_size (validate_kvcache)
+    if b == 0 or sq == 0 or k_cache.shape[0] * capacity == 0:
         return None
-    fn, tail = plan.fn, (*plan.scalars, None, None, None, None, None, None, None)
-    out_shape, lse_shape, f32 = (b, sq, h, p.head_dim_v), (b, h, sq), torch.float32
+    if paged and paged_route(p) == "gather":
+        return None
+    feats = InputFeatures(seqused_k=True, kv_batch_idx=batch_idx, paged_kv=paged)
+    return _bound_launch(q, p, feats, sq, capacity, _pack_decode(p, sq))
+
+
+def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seqlen_k, pack):
+    """What `_run` does for q's exact signature, with the plan, shapes and packed views
+    computed once: per call, the allocations (2, or 4 with split partials), the packed views
+    and the launches (one, or two with the combine)."""
+    b, sq, h, _ = q.shape
+    index = q.device.index
+    plan = _plan(p, features, b, max_seqlen_q, seqlen_k, pack, index)
+    fn, combine, scalars = plan.fn, plan.combine, plan.scalars
+    splits, group = plan.splits, plan.group
+    dv, f32 = p.head_dim_v, torch.float32
+    out_shape, lse_shape = (b, sq, h, dv), (b, h, sq)
+    part_o, part_l = (splits * b, sq, h, dv), (splits * b, h, sq)
+    stack_o, stack_l = (splits, *out_shape), (splits, *lse_shape)
+    if group > 1:
+        # _pack_rows / _pack_lse as fixed (size, stride) pairs: q's strides are part of the
+        # signature, the outputs are contiguous (B, 1, H, X) / (B, H, 1)
+        s0, _, s2, s3 = q.stride()
+        q_view = ((b, group, h // group, q.shape[3]), (s0, s2, group * s2, s3))
+        o_view = ((b * (splits if splits > 1 else 1), group, h // group, dv),
+                  (h * dv, dv, group * dv, 1))  # fmt: skip
+        l_view = ((b * (splits if splits > 1 else 1), h // group, group), (h, group, 1))
     current = torch.cuda.current_device
 
-    def launch(q, k, v):
-        # new_empty: q's dtype and device, contiguous (the kernel's output layout)
-        out = q.new_empty(out_shape)
+    def launch(q, k, v, seqused_k=None, kv_batch_idx=None, page_table=None):
+        out = q.new_empty(out_shape)  # q's dtype and device, contiguous
         lse = q.new_empty(lse_shape, dtype=f32)
+        o_k, l_k = out, lse
+        if splits > 1:  # fp32 partials, stacked along batch (as in _run)
+            o_k, l_k = q.new_empty(part_o, dtype=f32), q.new_empty(part_l, dtype=f32)
+        qk, ok, lk = q, o_k, l_k
+        if group > 1:
+            qk, ok, lk = q.as_strided(*q_view), o_k.as_strided(*o_view), l_k.as_strided(*l_view)
+        tail = (None, None, None, seqused_k, kv_batch_idx, page_table, None)
         if current() == index:
-            fn(q, k, v, out, lse, *tail)
-        else:  # the launch (and its stream: torch's current one) must be on q's device
+            fn(qk, k, v, ok, lk, *scalars, *tail)
+            if splits > 1:
+                combine(o_k.view(stack_o), l_k.view(stack_l), out, lse)
+        else:  # the launches (and their stream: torch's current one) must be on q's device
             with torch.cuda.device(index):
-                fn(q, k, v, out, lse, *tail)
+                fn(qk, k, v, ok, lk, *scalars, *tail)
+                if splits > 1:
+                    combine(o_k.view(stack_o), l_k.view(stack_l), out, lse)
         return out, lse
 
     return launch

@@ -52,9 +52,11 @@ Run the tests: python -m pytest tests/test_validation.py -q
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
+import threading
 
 import torch
 
@@ -66,6 +68,7 @@ __all__ = [
     "validate_varlen_deferred",
     "validate_kvcache",
     "validate_kvcache_deferred",
+    "validate_kvcache_static",
 ]
 
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -370,22 +373,54 @@ class ValueCheck:
         self._build = build  # () -> list of int32 device tensors (the values judge reads)
         self._judge = judge  # per-piece value lists -> what the checks derive, or raises
         self.index_args = index_args  # fwd_sm90.index_flags' arguments
-        self._flags: torch.Tensor | None = None
-        self._event = None
+        self._flags: tuple | None = None  # (pinned flags, event, any_set) once deferred
 
     def defer(self, flags_fn) -> None:
         flags = flags_fn(*self.index_args)
-        self._flags = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-        self._flags.copy_(flags, non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record(torch.cuda.current_stream(flags.device))
+        self._flags = _readback(flags)
 
     def wait(self) -> None:
         if self._flags is not None:
-            self._event.synchronize()
-            if not self._flags.any():
+            pinned, event, any_set = self._flags
+            event.synchronize()
+            if not any_set(pinned):
                 return
         self._judge(_read_values(self._build()))
+
+
+# Each thread reuses one pinned buffer and one event per (device, flag count): a check is
+# deferred and waited within one entry call, so a thread's next call finds its buffer read.
+# (A new pinned tensor, copy and event per call cost ~10 us of host; see docs/perf/README.md,
+# "KV-cache memo".)
+_readbacks = threading.local()
+
+
+def _readback(flags: torch.Tensor) -> tuple:
+    """Queue the copy of device flags into this thread's pinned buffer and an event behind it;
+    returns (pinned, event, any_set) for ValueCheck.wait."""
+    pool = getattr(_readbacks, "pool", None)
+    if pool is None:
+        pool = _readbacks.pool = {}
+    key = (flags.device.index, flags.shape[0])
+    entry = pool.get(key)
+    if entry is None:
+        pinned = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        entry = pool[key] = (pinned, torch.cuda.Event(), _any_set_fn(pinned))
+    pinned, event, _ = entry
+    pinned.copy_(flags, non_blocking=True)
+    event.record(torch.cuda.current_stream(flags.device))
+    return entry
+
+
+def _any_set_fn(pinned: torch.Tensor):
+    """A fast "any flag set" reader of a pinned int32 buffer: its bytes against zeros through
+    numpy (0.1 us), or torch's any() (4 us) without numpy."""
+    try:
+        view = pinned.numpy()
+    except (ImportError, RuntimeError):  # torch built or installed without numpy
+        return lambda t: bool(t.any())
+    zeros = bytes(view.nbytes)
+    return lambda t: view.tobytes() != zeros
 
 
 _INT32_MAX = 2**31 - 1
@@ -785,7 +820,96 @@ def validate_varlen(q, k, v, **kwargs) -> AttnProblem:
     return problem
 
 
-def validate_kvcache_deferred(
+@dataclasses.dataclass(frozen=True)
+class KvcacheValues:
+    """What a KV-cache call's index-value checks need besides the index tensors: plain values,
+    a pure function of the call's signature (so the entry's memo can keep it and build the
+    next call's `ValueCheck` without validating again)."""
+
+    batch: int
+    seqlen_new: int
+    capacity: int
+    batch_cache: int  # k_cache.shape[0]: cache rows (dense) or pages (paged)
+    page_size: int  # 1 when not paged
+    num_pages: int  # 0 when not paged
+    paged: bool
+    seqlens_tensor: bool
+    uniform_seqlens: int | None  # an int cache_seqlens
+    batch_idx: bool
+    append: bool
+
+    def check(self, cache_seqlens, cache_batch_idx, page_table) -> ValueCheck:
+        """The checks of these index tensors' values (those of the call validated), unread."""
+        c = self
+        pieces = {}
+
+        def length_of(b: int, seqlens=None) -> int:
+            if c.seqlens_tensor:
+                return seqlens[b] + c.seqlen_new
+            return c.capacity if c.uniform_seqlens is None else c.uniform_seqlens + c.seqlen_new
+
+        def build() -> list[torch.Tensor]:
+            parts = []
+            if c.seqlens_tensor:
+                parts.append(cache_seqlens)
+            if c.batch_idx:
+                parts.append(cache_batch_idx)
+            if c.paged:
+                if c.seqlens_tensor:
+                    lengths_dev = cache_seqlens.to(torch.int64) + c.seqlen_new
+                else:
+                    lengths_dev = torch.full(
+                        (c.batch,), length_of(0), dtype=torch.int64, device=page_table.device
+                    )
+                pieces["bad"] = _bad_pages(page_table, lengths_dev, c.page_size, c.num_pages)
+                parts.append(_count(pieces["bad"]))
+            return parts
+
+        def judge(values: list[list[int]]) -> None:
+            vals = iter(values)
+            seqlens = None
+            if c.seqlens_tensor:
+                seqlens = next(vals)
+                for b, n in enumerate(seqlens):
+                    if n < 0 or n + c.seqlen_new > c.capacity:
+                        raise ValueError(
+                            f"cache_seqlens: cache_seqlens[{b}] = {n} must be in [0, capacity "
+                            f"{c.capacity} - seqlen_new {c.seqlen_new}] (a larger value writes "
+                            f"or reads past the cache)"
+                        )
+            if c.batch_idx:
+                seen: dict[int, int] = {}
+                for b, row in enumerate(next(vals)):
+                    if row < 0 or row >= c.batch_cache:
+                        raise ValueError(
+                            f"cache_batch_idx: cache_batch_idx[{b}] = {row} is not a cache row "
+                            f"in [0, batch_cache = {c.batch_cache})"
+                        )
+                    if c.append and row in seen:
+                        raise ValueError(
+                            f"cache_batch_idx: cache_batch_idx[{seen[row]}] and "
+                            f"cache_batch_idx[{b}] are both {row}: appending k/v to one cache "
+                            f"row from two batch rows is ambiguous"
+                        )
+                    seen[row] = b
+            if c.paged and next(vals)[0] > 0:
+                _raise_bad_page(
+                    pieces["bad"], page_table, c.page_size, c.num_pages,
+                    lambda b: length_of(b, seqlens),
+                )  # fmt: skip
+
+        # an int cache_seqlens is every row's length: it bounds the used pages as capacity
+        bound = c.uniform_seqlens if c.uniform_seqlens is not None and c.paged else c.capacity
+        tensors = (None, None, None, cache_seqlens if c.seqlens_tensor else None,
+                   cache_batch_idx, page_table)  # fmt: skip
+        index_args = (
+            c.batch, tensors, 0, -1, bound, 0, _INT32_MAX, c.batch_cache, c.page_size,
+            c.num_pages,
+        )  # fmt: skip
+        return ValueCheck(build, judge, index_args)
+
+
+def validate_kvcache_static(
     q,
     k_cache,
     v_cache,
@@ -819,13 +943,12 @@ def validate_kvcache_deferred(
     rotary_cos / rotary_sin: (seqlen_ro, rotary_dim / 2) both or neither, q's dtype,
     rotary_dim <= D, and seqlen_ro >= capacity (every position the cache can hold).
 
-    Returns (AttnProblem, ValueCheck or None). AttnProblem: seqlen_k is the capacity;
-    has_seqused_k says cache_seqlens was given. The ValueCheck holds the checks of the tensor
-    cache_seqlens / cache_batch_idx / page_table values, queued on the device but not yet read:
+    Returns (AttnProblem, KvcacheValues or None). AttnProblem: seqlen_k is the capacity;
+    has_seqused_k says cache_seqlens was given. Nothing here reads an index value: the
+    KvcacheValues (None without an index tensor) builds the ValueCheck of the tensor
+    cache_seqlens / cache_batch_idx / page_table values (`validate_kvcache_deferred`):
     `validate_kvcache` waits for it at once; a read-only kernel call may `defer()` it, launch,
-    then `wait()` (the read no longer drains the stream before the launch). None where values
-    cannot or need not be read (torch.compile, CUDA graph capture, fake tensors,
-    CUTE_ATTN_CHECK_VALUES=0, no index tensor).
+    then `wait()` (the read no longer drains the stream before the launch).
     """
     paged = page_table is not None
     _check_tensor("q", q)
@@ -992,72 +1115,15 @@ def validate_kvcache_deferred(
         head_dim, softmax_scale, causal, window_size, softcap, num_splits
     )
 
-    check = None
-    need_values = seqlens_tensor or cache_batch_idx is not None or paged
-    if need_values and _can_read_values(q):
-        pieces = {}
-
-        def build() -> list[torch.Tensor]:
-            parts = []
-            if seqlens_tensor:
-                parts.append(cache_seqlens)
-            if cache_batch_idx is not None:
-                parts.append(cache_batch_idx)
-            if paged:
-                if seqlens_tensor:
-                    lengths_dev = cache_seqlens.to(torch.int64) + seqlen_new
-                else:
-                    uniform = capacity if cache_seqlens is None else cache_seqlens + seqlen_new
-                    lengths_dev = torch.full((batch,), uniform, dtype=torch.int64, device=device)
-                pieces["bad"] = _bad_pages(page_table, lengths_dev, page_size, num_pages)
-                parts.append(_count(pieces["bad"]))
-            return parts
-
-        def judge(values: list[list[int]]) -> None:
-            vals = iter(values)
-            if seqlens_tensor:
-                seqlens = next(vals)
-                for b, n in enumerate(seqlens):
-                    if n < 0 or n + seqlen_new > capacity:
-                        raise ValueError(
-                            f"cache_seqlens: cache_seqlens[{b}] = {n} must be in [0, capacity "
-                            f"{capacity} - seqlen_new {seqlen_new}] (a larger value writes or "
-                            f"reads past the cache)"
-                        )
-            if cache_batch_idx is not None:
-                idx = next(vals)
-                seen: dict[int, int] = {}
-                for b, c in enumerate(idx):
-                    if c < 0 or c >= batch_cache:
-                        raise ValueError(
-                            f"cache_batch_idx: cache_batch_idx[{b}] = {c} is not a cache row in "
-                            f"[0, batch_cache = {batch_cache})"
-                        )
-                    if append and c in seen:
-                        raise ValueError(
-                            f"cache_batch_idx: cache_batch_idx[{seen[c]}] and "
-                            f"cache_batch_idx[{b}] are both {c}: appending k/v to one cache row "
-                            f"from two batch rows is ambiguous"
-                        )
-                    seen[c] = b
-            if paged and next(vals)[0] > 0:
-
-                def length_of(b: int) -> int:
-                    if seqlens_tensor:
-                        return seqlens[b] + seqlen_new
-                    return capacity if cache_seqlens is None else cache_seqlens + seqlen_new
-
-                _raise_bad_page(pieces["bad"], page_table, page_size, num_pages, length_of)
-
-        # an int cache_seqlens is every row's length: it bounds the used pages as capacity
-        bound = cache_seqlens if isinstance(cache_seqlens, int) and paged else capacity
-        tensors = (None, None, None, cache_seqlens if seqlens_tensor else None, cache_batch_idx,
-                   page_table)  # fmt: skip
-        index_args = (
-            batch, tensors, 0, -1, bound, 0, _INT32_MAX, k_cache.shape[0],
-            page_size if paged else 1, num_pages if paged else 0,
+    spec = None
+    if seqlens_tensor or cache_batch_idx is not None or paged:
+        spec = KvcacheValues(
+            batch=batch, seqlen_new=seqlen_new, capacity=capacity,
+            batch_cache=k_cache.shape[0], page_size=page_size if paged else 1,
+            num_pages=num_pages if paged else 0, paged=paged, seqlens_tensor=seqlens_tensor,
+            uniform_seqlens=cache_seqlens if isinstance(cache_seqlens, int) else None,
+            batch_idx=cache_batch_idx is not None, append=append,
         )  # fmt: skip
-        check = ValueCheck(build, judge, index_args)
 
     problem = AttnProblem(
         batch=batch,
@@ -1081,7 +1147,20 @@ def validate_kvcache_deferred(
         kvcache=True,
         num_splits=splits,
     )
-    return problem, check
+    return problem, spec
+
+
+def validate_kvcache_deferred(
+    q, k_cache, v_cache, k, v, **kwargs
+) -> tuple[AttnProblem, ValueCheck | None]:
+    """validate_kvcache_static, with the ValueCheck of this call's index tensors (unread), or
+    None where values cannot or need not be read (torch.compile, CUDA graph capture, fake
+    tensors, CUTE_ATTN_CHECK_VALUES=0, no index tensor)."""
+    problem, spec = validate_kvcache_static(q, k_cache, v_cache, k, v, **kwargs)
+    if spec is None or not _can_read_values(q):
+        return problem, None
+    values = (kwargs["cache_seqlens"], kwargs["cache_batch_idx"], kwargs["page_table"])
+    return problem, spec.check(*values)
 
 
 def validate_kvcache(q, k_cache, v_cache, k, v, **kwargs) -> AttnProblem:

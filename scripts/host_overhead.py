@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -92,6 +93,54 @@ def _breakdown(q, k, v) -> dict:
     return {name: _host(fn, reps=500) for name, fn in pieces.items()}
 
 
+def _kv_breakdown(q, kc, vc, n) -> dict:
+    """Host us per call of each piece of a read-only KV-cache call on a memo hit
+    (`flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n)`), each timed alone in a loop."""
+    from cute_attn import api, fwd_sm90, validation
+
+    call = lambda: cute_attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n)  # noqa: E731
+    call()
+    knobs = (None, True, (None, None), 0.0, 0, None, True)
+    key = api._kvcache_signature(q, kc, vc, n, None, None, knobs)
+    p, _, values, launch = api._kvcache_memo[key]
+
+    def check():
+        c = values.check(n, None, None)
+        c.defer(fwd_sm90.index_flags)
+        c.wait()
+
+    pieces = {
+        "whole call (memo hit)": call,
+        "memo key + lookup": lambda: api._kvcache_memo.get(
+            api._kvcache_signature(q, kc, vc, n, None, None, knobs)
+        ),
+        "value check: flags launch, pinned copy, wait": check,
+        "index_flags launch alone": lambda: fwd_sm90.index_flags(
+            *values.check(n, None, None).index_args
+        ),  # fmt: skip
+        "bound launcher (allocs + launches)": lambda: launch(q, kc, vc, n),
+        "full path (validation + dispatch)": lambda: (api._kvcache_memo.clear(), call()),
+        "validate_kvcache_static": lambda: validation.validate_kvcache_static(
+            q,
+            kc,
+            vc,
+            None,
+            None,
+            cache_seqlens=n,
+            cache_batch_idx=None,
+            page_table=None,
+            rotary_cos=None,
+            rotary_sin=None,
+            softmax_scale=None,
+            causal=True,
+            window_size=(None, None),
+            softcap=0.0,
+            num_splits=0,
+        ),
+    }
+    return {name: _host(fn, reps=500) for name, fn in pieces.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -103,6 +152,9 @@ def main():
     for b, sk in ((1, 32768), (8, 8192), (64, 8192), (128, 2048)):
         cases.append((f"decode b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, "dense"))
         cases.append((f"kvcache b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, "kvcache"))
+    # the host-only cost: without value checks the host never waits, so it runs ahead
+    cases.append(("kvcache nochecks b1 sk32768 h32/8 d128", 1, 1, 32768, 32, 8, 128, "nochecks"))
+    cases.append(("kvcache paged64 b64 sk8192 h32/8 d128", 64, 1, 8192, 32, 8, 128, "paged"))
     for name, b, sq, sk, h, hkv, d, kind in cases:
         q = torch.randn(b, sq, h, d, device=dev, dtype=dt)
         k = torch.randn(b, sk, hkv, d, device=dev, dtype=dt)
@@ -111,25 +163,42 @@ def main():
 
             def fn(q=q, k=k, v=v):
                 return cute_attn.flash_attn_func(q, k, v, causal=True)
+        elif kind == "paged":
+            n = torch.full((b,), sk, dtype=torch.int32, device=dev)
+            ps = 64
+            perm = torch.randperm(b * sk // ps, device=dev)
+            table = perm.view(b, sk // ps).to(torch.int32)
+            kp, vp = (x.view(b * sk // ps, ps, hkv, d)[perm.argsort()] for x in (k, v))
+
+            def fn(q=q, kp=kp, vp=vp, n=n, table=table):
+                return cute_attn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=n,
+                                                         page_table=table)  # fmt: skip
         else:
             n = torch.full((b,), sk, dtype=torch.int32, device=dev)
 
             def fn(q=q, k=k, v=v, n=n):
                 return cute_attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
 
+        # read per call: set for this case's whole measurement
+        os.environ["CUTE_ATTN_CHECK_VALUES"] = "0" if kind == "nochecks" else "1"
+
         fn()
+        parts = None
         if "tiny" in name:
             parts = _breakdown(q, k, v)
             print("host us per call of each piece (tiny dense call):")
-            for piece, us in parts.items():
-                print(f"  {piece:<44} {us:6.1f}")
+        elif name == "kvcache b1 sk32768 h32/8 d128":
+            parts = _kv_breakdown(q, k, v, n)
+            print("host us per call of each piece (KV-cache b1 call):")
+        for piece, us in (parts or {}).items():
+            print(f"  {piece:<44} {us:6.1f}")
         row = {"case": name, "eager_us": _events(fn), "host_us": _host(fn), "graph_us": _graph(fn),
                "dispatch": cute_attn.last_dispatch().impl}  # fmt: skip
-        if "tiny" in name:
+        if parts:
             row["host_breakdown_us"] = parts
         row["graph_tbps"] = 2 * b * sk * hkv * d * 2 / (row["graph_us"] * 1e-6) / 1e12
         rows.append(row)
-        if args.profile and (" b1 " in name or "tiny" in name):
+        if args.profile and (" b1 " in name or "tiny" in name):  # (memo hits after fn())
             import cProfile
             import pstats
 

@@ -226,3 +226,159 @@ def test_fast_path_keeps_type_errors(served_on_cpu):
         cute_attn.flash_attn_func(q, q, q, causal=1)
     with pytest.raises(TypeError):  # unhashable: the full path names the argument
         cute_attn.flash_attn_func(q, q, q, softcap=[1.0])
+
+
+# ----------------------------------------------- the KV-cache entry's host fast path (memo)
+@pytest.fixture
+def kvcache_served_on_cpu(monkeypatch):
+    """CPU KV-cache calls treated as served by the SM90 kernel: dispatch says so, the kernel
+    and the bound launcher are stubs, validation and value checks are counted."""
+    from cute_attn import api, fwd_sm90, validation
+
+    calls = {"validate": 0, "run": 0, "launch": [], "defer": 0, "wait": 0, "checked": []}
+    real_static = api.validate_kvcache_static
+
+    def counting_static(*a, **kw):
+        calls["validate"] += 1
+        return real_static(*a, **kw)
+
+    def select(p, tensors, fallback=None, entry="flash_attn_func"):
+        return dispatch._record(dispatch.Decision("sm90_fwd", "sm_90a", "stub", entry))
+
+    def run_fwd_kvcache(q, k_cache, v_cache, p, **kw):
+        calls["run"] += 1
+        return ("run", p)
+
+    def launcher(q, k_cache, p, *, batch_idx, paged):
+        def launch(*args):
+            calls["launch"].append(args)
+            return ("launched", p)
+
+        return launch
+
+    def defer(self, flags_fn):
+        calls["defer"] += 1
+        calls["checked"].append(self.index_args[1])
+
+    def wait(self):
+        calls["wait"] += 1
+
+    monkeypatch.setattr(api, "validate_kvcache_static", counting_static)
+    monkeypatch.setattr(dispatch, "select", select)
+    monkeypatch.setattr(fwd_sm90, "run_fwd_kvcache", run_fwd_kvcache)
+    monkeypatch.setattr(fwd_sm90, "kvcache_launcher", launcher)
+    monkeypatch.setattr(validation.ValueCheck, "defer", defer)
+    monkeypatch.setattr(validation.ValueCheck, "wait", wait)
+    api._kvcache_memo.clear()
+    yield calls
+    api._kvcache_memo.clear()
+
+
+def _kv_inputs(b=3, paged=False):
+    q = torch.randn(b, 1, 8, 64, dtype=torch.bfloat16)
+    if paged:
+        kc = torch.randn(10, 16, 2, 64, dtype=torch.bfloat16)
+        table = torch.arange(b * 2, dtype=torch.int32).view(b, 2)
+        return q, kc, table
+    return q, torch.randn(b, 40, 2, 64, dtype=torch.bfloat16), None
+
+
+def test_kvcache_fast_path_skips_validation_and_checks_each_call(kvcache_served_on_cpu):
+    calls = kvcache_served_on_cpu
+    q, kc, _ = _kv_inputs()
+    lens = torch.tensor([5, 40, 0], dtype=torch.int32)
+    first = cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
+    assert first[0] == "run" and calls["validate"] == 1
+    dispatch._local.decision = None
+    lens2 = torch.tensor([1, 2, 3], dtype=torch.int32)
+    q2 = q.clone()
+    second = cute_attn.flash_attn_with_kvcache(q2, kc, kc, cache_seqlens=lens2)
+    assert second == ("launched", first[1])  # the very problem validation built
+    assert calls["validate"] == 1
+    assert cute_attn.last_dispatch().entry == "flash_attn_with_kvcache"
+    (args,) = calls["launch"]
+    assert args[0] is q2 and args[1] is kc and args[3] is lens2  # the call's own tensors
+    # each call's own index values are checked: deferred and read after the launch
+    assert calls["defer"] == calls["wait"] == 2
+    assert calls["checked"][0][3] is lens and calls["checked"][1][3] is lens2
+
+
+def test_kvcache_fast_path_misses(kvcache_served_on_cpu, monkeypatch):
+    calls = kvcache_served_on_cpu
+    q, kc, table = _kv_inputs(paged=True)
+    lens = torch.tensor([5, 32, 0], dtype=torch.int32)
+    for _ in range(2):
+        cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, page_table=table)
+    assert calls["validate"] == 1 and len(calls["launch"]) == 1
+    # another page table shape, scalar, scalar type or lengths type takes the full path
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, page_table=table[:, :1])
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, page_table=table, softcap=2.0)
+    with pytest.raises(TypeError, match="causal"):
+        cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, page_table=table, causal=1)
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=5, page_table=table)
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=5, page_table=table)
+    assert calls["validate"] == 6 and len(calls["launch"]) == 1  # int lengths: never memoized
+    # an append always validates (its values are read before the write)
+    new = torch.randn(3, 1, 2, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(cute_attn.inference, "kvcache_prepare", lambda *a, **kw: (q, lens, None))
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, new, new, cache_seqlens=lens, page_table=table)
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, new, new, cache_seqlens=lens, page_table=table)
+    assert calls["validate"] == 8
+
+
+def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypatch):
+    # CUTE_ATTN_CHECK_VALUES is read per call, on memo hits too
+    calls = kvcache_served_on_cpu
+    q, kc, _ = _kv_inputs()
+    lens = torch.tensor([5, 40, 0], dtype=torch.int32)
+    monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", "0")
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
+    assert calls["defer"] == 0 and calls["validate"] == 1
+    monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", "1")
+    cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
+    assert calls["defer"] == calls["wait"] == 1 and calls["validate"] == 1
+
+
+def test_bound_launch_matches_run(monkeypatch):
+    # the bound launcher passes the kernels what _run does (packed decode rows, split
+    # partials, the combine's stacked views), with fresh outputs per call
+    from cute_attn import fwd_sm90
+
+    seen = {}
+
+    def fn(*args):
+        seen.setdefault("fn", []).append(args)
+
+    def combine(*args):
+        seen.setdefault("combine", []).append(args)
+
+    plan = fwd_sm90._Plan(fn=fn, combine=combine, scalars=(1.0, 1.0, 0, 0, 4, 3), splits=3,
+                          group=4)  # fmt: skip
+    monkeypatch.setattr(fwd_sm90, "_plan", lambda *a: plan)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    p = dataclasses.replace(BASE, batch=2, seqlen_q=1, seqlen_k=300, device_type="cpu",
+                            device_index=None)  # fmt: skip
+    q = torch.randn(2, 8, 1, 128, dtype=torch.bfloat16).transpose(1, 2)  # strided q
+    k = torch.randn(2, 300, 2, 128, dtype=torch.bfloat16)
+    lens = torch.tensor([7, 300], dtype=torch.int32)
+    out, lse = torch.empty(2, 1, 8, 128, dtype=torch.bfloat16), torch.empty(2, 8, 1)
+    fwd_sm90._run(q, k, k, p, out, lse, features=fwd_sm90._DENSE, max_seqlen_q=1, batch=2,
+                  seqlen_k=300, pack=True, seqused_k=lens)  # fmt: skip
+    feats = fwd_sm90.InputFeatures(seqused_k=True)
+    launch = fwd_sm90._bound_launch(q, p, feats, 1, 300, True)
+    out2, lse2 = launch(q, k, k, lens)
+    assert out2.shape == out.shape and lse2.shape == lse.shape and out2.dtype == out.dtype
+
+    def layout(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return (x.shape, x.stride(), x.dtype, x.storage_offset())
+
+    (a_run, a_bound), (c_run, c_bound) = seen["fn"], seen["combine"]
+    assert [layout(x) for x in a_run] == [layout(x) for x in a_bound]
+    assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[11] is None and a_bound[14] is lens
+    assert [layout(x) for x in c_run] == [layout(x) for x in c_bound]
+    assert c_bound[2] is out2 and c_bound[3] is lse2
+    # the packed partials are views of the stacked ones the combine reads
+    assert a_bound[3].data_ptr() == c_bound[0].data_ptr()

@@ -147,6 +147,24 @@ def test_fwd_memo_hit_matches_first_call():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+def test_fwd_memo_hit_decode_split_packed(num_splits):
+    # decode rows (Sq = 1, GQA) pack the query heads of a KV head and may split the keys:
+    # the bound launcher allocates the partials and runs the combine as run_fwd does
+    from cute_attn import api
+
+    q, k, v = attn_inputs(3, 1, 5000, 8, 2, 128, 128, torch.bfloat16)
+    api._dense_memo.clear()
+    first = flash_attn_func(q, k, v, causal=True, num_splits=num_splits)
+    assert next(iter(api._dense_memo.values()))[2] is not None
+    second = flash_attn_func(q.clone(), k, v, causal=True, num_splits=num_splits)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=True)
+    same, _ = attention_ref(q, k, v, compute_dtype=None, causal=True)
+    assert_matches(second[0], second[1], ref, ref_lse, same)
+
+
+@pytest.mark.gpu
 def test_fwd_grad_matches_reference():
     q, k, v = (t.requires_grad_() for t in attn_inputs(1, 64, 80, 2, 1, 64, 64, torch.float16))
     out, _ = flash_attn_func(q, k, v, causal=True)
@@ -176,9 +194,15 @@ print(json.dumps(rows))
 def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     rows = run_json_snippet(_COMPILE_SNIPPET, tmp_path, head_dims, dtypes, timeout=1800)
     assert rows, "no variant compiled"
+    aux = [r for r in rows if r["kind"] == "sm90_aux"]
+    # the combine per head_dim_v (64, 96, 128, 192, 256) and every index-check set
+    assert len([r for r in aux if "combine" in r["name"]]) == 5, aux
+    assert len([r for r in aux if "index_check" in r["name"]]) == 15, aux
     for r in rows:
         assert r["ok"], r
         assert r["spills"] == 0, r
+        if r["kind"] == "sm90_aux":
+            continue  # their instructions meant are in r["instructions"], checked by ok
         for instr in ("HGMMA", "UTMALDG", "USETMAXREG"):
             assert r["instructions"][instr], (instr, r)
         # O leaves by TMA store except where split partials need row-predicated stores

@@ -476,6 +476,64 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged", "paged8"])
+def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
+    # A read-only call with an earlier call's signature skips validation and dispatch
+    # (api._kvcache_memo) and runs the bound launcher (or, for gathered pages, the full
+    # kernel path): same output as the first call, the reference for other lengths, and a
+    # bad index value still raises through the memo hit.
+    from cute_attn import api
+
+    b, h, hkv, d = 3, 8, 2, 128
+    page_size = 8 if layout == "paged8" else 64
+    g = _gen(31)
+    lens, lens2 = [5, 300, 129], [3, 200, 0]
+    max_pages = -(-384 // page_size)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    if layout.startswith("paged"):
+        kc, vc, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g)
+        cache = {"page_table": table}
+
+        def rows_of(ls):
+            return _dense_rows(kc, table, ls), _dense_rows(vc, table, ls)
+    else:
+        rows = [2, 0, 1] if layout == "batch_idx" else [0, 1, 2]
+        kc, vc = (torch.randn(b, 384, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+                  for _ in range(2))  # fmt: skip
+        cache = {}
+        if layout == "batch_idx":
+            cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
+
+        def rows_of(ls):
+            return ([kc[c : c + 1, :n_] for c, n_ in zip(rows, ls)],
+                    [vc[c : c + 1, :n_] for c, n_ in zip(rows, ls)])  # fmt: skip
+
+    def call(qq, lengths, **over):
+        n = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        return flash_attn_with_kvcache(qq, kc, vc, cache_seqlens=n, num_splits=num_splits,
+                                       **{**cache, **over})  # fmt: skip
+
+    api._kvcache_memo.clear()
+    first = call(q, lens)
+    assert len(api._kvcache_memo) == 1
+    launch = next(iter(api._kvcache_memo.values()))[3]
+    assert (launch is None) == (layout == "paged8")  # gathered pages: no bound launcher
+    second = call(q.clone(), lens)
+    assert len(api._kvcache_memo) == 1
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert cute_attn.last_dispatch().entry == "flash_attn_with_kvcache"
+    for ls, (out, lse) in ((lens, second), (lens2, call(q, lens2))):
+        ks, vs = rows_of(ls)
+        problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+        ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+        assert_matches(out, lse, ref, ref_lse, same)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 1000"):
+        call(q, [5, 1000, 129])
+    assert len(api._kvcache_memo) == 1  # every call above was a hit
+
+
+@pytest.mark.gpu
 def test_kvcache_paged_uniform_length_read_only():
     # an int cache_seqlens with a page table: the device check covers the pages of that
     # length only (entries past them may be -1), a bad used entry still raises
