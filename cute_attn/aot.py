@@ -48,6 +48,11 @@ FWD_INPUTS = (
     ("kvcache batch_idx split", {"seqused_k": True, "kv_batch_idx": True, "split_kv": True}),
     ("decode split", {"split_kv": True, "decode": True}),
     ("decode kvcache", {"seqused_k": True, "decode": True}),
+    # "wide": the two-CTAs-per-SM decode tile of unsplit grids (tile_config.fills_two_ctas_per_sm)
+    ("decode wide", {"decode": True, "wide": True}),
+    ("decode kvcache wide", {"seqused_k": True, "decode": True, "wide": True}),
+    ("decode paged64 wide", {"seqused_k": True, "paged_kv": True, "decode": True,
+                             "page_size": 64, "wide": True}),
     # paged: "page_size" picks the key tile (tile_config.paged_tile_config): 64 cuts the decode
     # tile to 64 keys with more stages, 16 the smallest TMA tile, 256 keeps the table's tile
     ("decode paged64", {"seqused_k": True, "paged_kv": True, "decode": True, "page_size": 64}),
@@ -165,9 +170,10 @@ def compile_variants(
         inputs = dict(inputs)
         decode = inputs.pop("decode", False)
         tall = inputs.pop("tall", False)
+        wide = inputs.pop("wide", False)
         if "page_size" in inputs:
             p = dataclasses.replace(p, paged=True, page_size=inputs.pop("page_size"))
-        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall)
+        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall, wide=wide)
 
     def make_bwd_key(p, arch, inputs):
         return bwd_key(p, arch)

@@ -30,6 +30,7 @@ from .arch.sm90.tile_config import (
     SUPPORTED_HEAD_DIMS,
     FwdTileConfig,
     fills_tall_tiles,
+    fills_two_ctas_per_sm,
     fwd_num_splits,
     fwd_tile_config,
     paged_tile_n,
@@ -105,19 +106,21 @@ def fwd_key(
     features: InputFeatures = _DENSE,
     decode: bool = False,
     tall: bool = False,
+    wide: bool = False,
 ) -> FwdKey:
     """`decode`: p is the packed decode view (query heads of a KV head as rows). With
     features.paged_kv the page size picks the key tile (tile_config.paged_tile_config).
-    `tall`: the query length bucket of tile_config.fills_tall_tiles."""
+    `tall`: the query length bucket of tile_config.fills_tall_tiles; `wide`: the decode grid
+    bucket of tile_config.fills_two_ctas_per_sm."""
     page_size = p.page_size if features.paged_kv else 0
-    return _fwd_key(arch, *static_features(p), features, decode, page_size, tall)
+    return _fwd_key(arch, *static_features(p), features, decode, page_size, tall, wide)
 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, feats,
-             decode, page_size, tall):  # fmt: skip
+             decode, page_size, tall, wide=False):  # fmt: skip
     # memoized: the tuning-table lookup and key construction stay off the per-call path
-    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall)
+    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall, wide)
     tile = dataclasses.astuple(cfg)
     return FwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile,
@@ -241,7 +244,8 @@ def paged_route(p: AttnProblem) -> str | None:
         return None
     pack = p.kvcache and _pack_decode(p, p.seqlen_q)  # as run_fwd_kvcache decides it
     kp = _kernel_problem(p, pack)
-    # (the `tall` bucket only changes D=64's row count, never tile_n: no effect on the route)
+    # (the `tall` bucket only changes D=64's row count, never tile_n, and `wide`'s 64 keys
+    # find a TMA tile for every page size the default's 128 do: no effect on the route)
     cfg = fwd_tile_config(p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack)
     return "tma" if paged_tile_n(cfg.tile_n, p.page_size) is not None else "gather"
 
@@ -315,17 +319,20 @@ def _plan(
     rows, heads = (group, p.num_heads_kv) if pack else (max_seqlen_q, p.num_heads)
     page_size = p.page_size if features.paged_kv else 0
     tall = tall_rows(kp, features, pack, max_seqlen_q)
+    num_sms = _num_sms(device_index)
     splits = _num_splits(
         p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, page_size, batch,
-        rows, heads, seqlen_k, _num_sms(device_index), tall,
+        rows, heads, seqlen_k, num_sms, tall,
     )  # fmt: skip
+    # an unsplit decode grid that fills two CTAs per SM takes that tile (tile_m 64 either way)
+    wide = pack and splits == 1 and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
     if splits > 1:
         combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
     return _Plan(
-        fn=build_fwd(fwd_key(kp, features=feats, decode=pack, tall=tall)),
+        fn=build_fwd(fwd_key(kp, features=feats, decode=pack, tall=tall, wide=wide)),
         combine=combine,
         scalars=(scale_log2, premul, max(kp.window_left, 0), max(kp.window_right, 0), rows, splits),
         splits=splits,

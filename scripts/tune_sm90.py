@@ -54,6 +54,11 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
     "decode-b64-8k": (64, 4, 8192, 8, 128, False, True),
     "decode-b128-2k": (128, 4, 2048, 8, 128, False, True),
+    # grids of 1 to 3 waves without a split (8 KV heads: 128, 192, 264, 384 CTAs)
+    "decode-b16-8k": (16, 4, 8192, 8, 128, False, True),
+    "decode-b24-8k": (24, 4, 8192, 8, 128, False, True),
+    "decode-b33-8k": (33, 4, 8192, 8, 128, False, True),
+    "decode-b48-4k": (48, 4, 4096, 8, 128, False, True),
 }
 
 
@@ -66,7 +71,10 @@ def parse_override(text: str) -> dict:
         k, v = item.split("=")
         out[k] = {"True": True, "False": False}.get(v, None)
         if out[k] is None:
-            out[k] = float(v) if "." in v else int(v)
+            try:
+                out[k] = float(v) if "." in v else int(v)
+            except ValueError:  # a string knob (kv_l2_hint=first)
+                out[k] = v
     return out
 
 

@@ -165,6 +165,15 @@ def test_fwd_memo_hit_decode_split_packed(num_splits):
 
 
 @pytest.mark.gpu
+def test_fwd_decode_wide_grid():
+    # 17 x 8 KV heads fill every SM unsplit: the two-CTAs-per-SM decode tile, odd Sk
+    q, k, v = attn_inputs(17, 1, 333, 32, 8, 128, 128, torch.bfloat16)
+    _check(q, k, v, causal=True)
+    q, k, v = attn_inputs(17, 1, 5000, 32, 8, 128, 128, torch.float16)
+    _check(q, k, v, causal=True, softcap=15.0)
+
+
+@pytest.mark.gpu
 def test_fwd_grad_matches_reference():
     q, k, v = (t.requires_grad_() for t in attn_inputs(1, 64, 80, 2, 1, 64, 64, torch.float16))
     out, _ = flash_attn_func(q, k, v, causal=True)

@@ -534,6 +534,42 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged64", "paged16"])
+def test_kvcache_decode_wide_grid(layout):
+    # 17 batch rows x 8 KV heads keep every SM busy unsplit: the two-CTAs-per-SM decode tile
+    # (64 keys, 2 stages; tile_config.fills_two_ctas_per_sm), over lengths 0, 1, odd and full
+    from cute_attn.arch.sm90.tile_config import fills_two_ctas_per_sm
+    from cute_attn.fwd_sm90 import _num_sms
+
+    b, h, hkv, d, cap = 17, 32, 8, 128, 704
+    assert fills_two_ctas_per_sm(b * hkv, _num_sms(None))
+    g = _gen(41)
+    lens = [(i * 97) % cap for i in range(b)]
+    lens[0], lens[3], lens[5] = cap, 0, 1
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if layout.startswith("paged"):
+        page_size = int(layout[5:])
+        kc, vc, table = _paged_cache(b, hkv, d, page_size, cap // page_size, lens, g)
+        cache = {"page_table": table}
+        ks, vs = _dense_rows(kc, table, lens), _dense_rows(vc, table, lens)
+    else:
+        rows = list(range(b))[::-1] if layout == "batch_idx" else list(range(b))
+        kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+                  for _ in range(2))  # fmt: skip
+        cache = {}
+        if layout == "batch_idx":
+            cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
+        ks = [kc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+        vs = [vc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
 def test_kvcache_paged_uniform_length_read_only():
     # an int cache_seqlens with a page table: the device check covers the pages of that
     # length only (entries past them may be -1), a bad used entry still raises

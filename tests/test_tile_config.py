@@ -7,7 +7,12 @@ import dataclasses
 import pytest
 
 from cute_attn.arch.common.seqlen import InputFeatures
-from cute_attn.arch.sm90.tile_config import fills_tall_tiles, fwd_tile_config
+from cute_attn.arch.sm90.tile_config import (
+    fills_tall_tiles,
+    fills_two_ctas_per_sm,
+    fwd_tile_config,
+    paged_tile_n,
+)
 from cute_attn.fwd_sm90 import tall_rows
 from cute_attn.problem import AttnProblem
 
@@ -44,6 +49,57 @@ def test_tall_only_changes_d64():
             )
     # the packed decode layout keeps its own tile whatever the bucket says
     assert fwd_tile_config(64, 64, False, False, decode=True, tall=True).tile_m == 64
+
+
+@pytest.mark.parametrize(
+    "batch,wide",
+    [(8, False), (16, False), (17, True), (24, True), (33, True), (40, False), (48, False),
+     (64, True), (128, True)],
+)  # fmt: skip
+def test_fills_two_ctas_per_sm(batch, wide):
+    # 8 KV heads on 132 SMs: every SM busy, and the last two-CTA wave no emptier than the last
+    # one-CTA wave (B=48: 384 CTAs, 528 two-CTA slots vs 396 one-CTA slots)
+    assert fills_two_ctas_per_sm(batch * 8, 132) is wide
+
+
+def test_wide_only_changes_d128_decode():
+    wide = fwd_tile_config(128, 128, False, False, decode=True, wide=True)
+    assert (wide.tile_m, wide.tile_n, wide.num_stages, wide.ctas_per_sm) == (64, 64, 2, 2)
+    assert fwd_tile_config(128, 128, False, False, decode=True).ctas_per_sm == 1
+    for d, dv in ((64, 64), (96, 96), (192, 128), (256, 256)):
+        assert fwd_tile_config(d, dv, False, False, decode=True, wide=True) == fwd_tile_config(
+            d, dv, False, False, decode=True
+        )
+    for d in (64, 128):  # dense tiles ignore the bucket
+        assert fwd_tile_config(d, d, True, False, wide=True) == fwd_tile_config(d, d, True, False)
+    # the paged route (fwd_sm90.paged_route asks the default tile): the same for either tile
+    default = fwd_tile_config(128, 128, False, False, decode=True)
+    for page in (1, 8, 16, 48, 64, 80, 128, 200, 256, 1024):
+        assert (paged_tile_n(default.tile_n, page) is None) == (
+            paged_tile_n(wide.tile_n, page) is None
+        )
+
+
+def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
+    # _plan: packed decode, no split, a grid that fills two CTAs per SM -> the wide tile
+    from cute_attn import fwd_sm90
+
+    built = []
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: built.append(key) or key)
+    monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
+    fwd_sm90._plan.cache_clear()
+    wide_tile = dataclasses.astuple(fwd_tile_config(128, 128, False, False, True, wide=True))
+    for batch, splits, wide in ((64, 0, True), (48, 0, False), (8, 0, False), (64, 2, False)):
+        p = AttnProblem(
+            batch=batch, seqlen_q=1, seqlen_k=8192, num_heads=32, num_heads_kv=8, head_dim=128,
+            head_dim_v=128, dtype="bfloat16", device_type="cuda", device_index=0,
+            softmax_scale=0.1, causal=True, window_left=-1, window_right=0, softcap=0.0,
+            num_splits=splits,
+        )  # fmt: skip
+        plan = fwd_sm90._plan(p, InputFeatures(), batch, 1, 8192, True, 0)
+        assert (plan.fn.tile == wide_tile) is wide, (batch, splits)
+    fwd_sm90._plan.cache_clear()
 
 
 def test_tall_rows_only_for_dense_query_rows():

@@ -116,18 +116,20 @@ def fwd_tile_config(
     decode: bool = False,
     page_size: int = 0,
     tall: bool = False,
+    wide: bool = False,
 ) -> FwdTileConfig:
-    """The tuning table. Inputs are static problem features, plus one length bucket; `decode`
+    """The tuning table. Inputs are static problem features, plus two buckets; `decode`
     is the packed decode layout (one query row, the query heads of a KV head as the tile's
     rows); `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so
     the key tile must lie inside one page (`paged_tile_config`); `tall`: a dense query length
-    for which `fills_tall_tiles` holds (the host decides; it picks between two compiled
-    variants, it is not a length in the key).
+    for which `fills_tall_tiles` holds; `wide`: an unsplit packed-decode grid for which
+    `fills_two_ctas_per_sm` holds (the host decides both; each picks between two compiled
+    variants, neither is a length in the key).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
-    cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall)
+    cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall, wide)
     if page_size > 0:
         paged = paged_tile_config(cfg, head_dim, head_dim_v, page_size)
         if paged is None:
@@ -137,10 +139,27 @@ def fwd_tile_config(
 
 
 def _dense_tile_config(
-    head_dim: int, head_dim_v: int, causal: bool, local: bool, decode: bool, tall: bool
+    head_dim: int,
+    head_dim_v: int,
+    causal: bool,
+    local: bool,
+    decode: bool,
+    tall: bool,
+    wide: bool = False,
 ) -> FwdTileConfig:
     if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
+    if decode and (head_dim, head_dim_v) == (128, 128) and wide:
+        # Unsplit packed-decode grids that fill_two_ctas_per_sm: 64 keys x 2 stages, two CTAs
+        # per SM, so one CTA streams while the other starts or drains (D=64 / 96 not measured:
+        # they keep the tile below). H200, 32/8 heads, D=128,
+        # round-robin against the tile below, TB/s (tune_decode_skip_l2_h200.json,
+        # tune_decode_cta2_waves_h200.json): B=64 Sk=8k 4.56 vs 4.47-4.49, B=128 Sk=2k 4.49
+        # vs 4.41, B=24 Sk=8k 4.15 vs 3.93, B=33 Sk=8k 4.57 vs 4.55. 3 stages or 96 keys:
+        # no better (B=64 4.54 / 4.56). Where the bucket says no: B=48 Sk=4k 4.28 vs 4.41,
+        # B=8 unsplit 2.99 vs 3.41 (the library splits that one).
+        return FwdTileConfig(tile_m=64, tile_n=64, num_stages=2, num_mma_warpgroups=1,
+                             pingpong=False, ctas_per_sm=2)  # fmt: skip
     if decode and head_dim <= 128:
         # Packed decode: a KV head's query heads (GQA groups are <= 64 in practice) fill at
         # most one 64-row warpgroup, so a second consumer warpgroup only doubles tensor-core
@@ -149,8 +168,12 @@ def _dense_tile_config(
         # run; docs/perf/host_overhead_h200*.json): B=1 Sk=32k 41.1 vs 42.7 us, B=8 Sk=8k
         # 68.6 vs 69.8, B=64 Sk=8k 480 vs 521, B=128 Sk=2k 245 vs 278.
         # ctas_per_sm=2 (64 or 96 keys, 2-3 stages; tune_decode_ctas_h200.json, round-robin in
-        # one process): B=128 Sk=2k 0.241 vs 0.249 ms (+3%), B=64 Sk=8k equal, B=8 Sk=8k
-        # 0.084-0.096 vs 0.078 ms (-8 to -23%, a one-wave split grid): not adopted.
+        # one process): B=128 Sk=2k 0.241 vs 0.249 ms (+3%), B=64 Sk=8k equal (then; +1.5% in
+        # the later runs above), B=8 Sk=8k 0.084-0.096 vs 0.078 ms (-8 to -23%, a one-wave
+        # split grid): split grids keep this tile, unsplit ones take `wide` where it fits.
+        # Also measured on this tile and dropped (tune_decode_skip_l2_h200.json): softmax
+        # skipped in the three warps that hold no query row (B=64 4.46 vs 4.47, B=8 3.29 vs
+        # 3.41), an L2 evict-first or evict-last hint on the K / V loads (within 0.5%).
         return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
     if head_dim <= 64 and tall:
         # 192 x 128 with three consumer warpgroups (160 registers each; the current kernel is
@@ -305,6 +328,21 @@ def paged_tile_config(
             break
         stages -= 1
     return dataclasses.replace(cfg, tile_n=tile_n, num_stages=stages)
+
+
+def fills_two_ctas_per_sm(num_ctas: int, num_sms: int) -> bool:
+    """Whether an unsplit packed-decode grid takes the two-CTAs-per-SM tile (`wide`): every SM
+    busy (64 CTAs on 132 SMs: 2.99 vs 3.41 TB/s) and its last wave of two-CTA slots no emptier
+    than the last wave of one-CTA slots (B=48 Sk=4k: 384 CTAs fill 2.91 one-CTA waves but 1.45
+    two-CTA waves, 4.28 vs 4.41 TB/s; B=24: 192 CTAs, 1.45 vs 0.73 waves, 4.15 vs 3.93). A
+    grid of at most one wave has no tail. Measurements in fwd_tile_config's `wide` branch."""
+    if num_ctas < num_sms:
+        return False
+
+    def slots(per_wave: int) -> int:  # CTA slots the grid occupies until its last CTA ends
+        return num_ctas if num_ctas <= per_wave else -(-num_ctas // per_wave) * per_wave
+
+    return slots(2 * num_sms) <= slots(num_sms)
 
 
 def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
