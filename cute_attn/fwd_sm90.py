@@ -98,6 +98,11 @@ class IndexCheckKey(KernelKey):
 
 
 _DENSE = InputFeatures()
+# The inputs whose packed-decode calls may take the two-CTAs-per-SM tile (`wide`): the dense
+# call, whose compiled kernel docs/perf/tune_decode_*_h200.json timed and checked against the
+# reference. Its KV-cache and paged variants compile spill-free but have not run on a GPU
+# yet (no device was lent after they were written); test_kvcache_decode_wide_grid forces them.
+_WIDE_INPUTS = frozenset({_DENSE})
 
 
 def fwd_key(
@@ -325,7 +330,10 @@ def _plan(
         rows, heads, seqlen_k, num_sms, tall,
     )  # fmt: skip
     # an unsplit decode grid that fills two CTAs per SM takes that tile (tile_m 64 either way)
-    wide = pack and splits == 1 and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
+    wide = (
+        pack and splits == 1 and features in _WIDE_INPUTS
+        and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
+    )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None

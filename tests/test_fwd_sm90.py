@@ -165,12 +165,20 @@ def test_fwd_memo_hit_decode_split_packed(num_splits):
 
 
 @pytest.mark.gpu
-def test_fwd_decode_wide_grid():
+def test_fwd_decode_wide_grid(monkeypatch):
     # 17 x 8 KV heads fill every SM unsplit: the two-CTAs-per-SM decode tile, odd Sk
+    from cute_attn import api, fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    keys, build = [], fwd_sm90.build_fwd
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    fwd_sm90._plan.cache_clear()
+    api._dense_memo.clear()
     q, k, v = attn_inputs(17, 1, 333, 32, 8, 128, 128, torch.bfloat16)
     _check(q, k, v, causal=True)
     q, k, v = attn_inputs(17, 1, 5000, 32, 8, 128, 128, torch.float16)
     _check(q, k, v, causal=True, softcap=15.0)
+    assert [FwdTileConfig(*key.tile).ctas_per_sm for key in keys] == [2, 2], keys
 
 
 @pytest.mark.gpu

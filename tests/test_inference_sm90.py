@@ -535,14 +535,21 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged64", "paged16"])
-def test_kvcache_decode_wide_grid(layout):
+def test_kvcache_decode_wide_grid(layout, monkeypatch):
     # 17 batch rows x 8 KV heads keep every SM busy unsplit: the two-CTAs-per-SM decode tile
-    # (64 keys, 2 stages; tile_config.fills_two_ctas_per_sm), over lengths 0, 1, odd and full
-    from cute_attn.arch.sm90.tile_config import fills_two_ctas_per_sm
-    from cute_attn.fwd_sm90 import _num_sms
+    # (64 keys, 2 stages; tile_config.fills_two_ctas_per_sm), over lengths 0, 1, odd and full.
+    # The library takes it for dense decode calls only so far (fwd_sm90._WIDE_INPUTS): this
+    # test lets the KV-cache inputs take it too, to verify those variants.
+    from cute_attn import api, fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig, fills_two_ctas_per_sm
 
     b, h, hkv, d, cap = 17, 32, 8, 128, 704
-    assert fills_two_ctas_per_sm(b * hkv, _num_sms(None))
+    assert fills_two_ctas_per_sm(b * hkv, fwd_sm90._num_sms(None))
+    monkeypatch.setattr(fwd_sm90, "_WIDE_INPUTS", _AnyInputs())
+    keys, build = [], fwd_sm90.build_fwd
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    fwd_sm90._plan.cache_clear()
+    api._kvcache_memo.clear()
     g = _gen(41)
     lens = [(i * 97) % cap for i in range(b)]
     lens[0], lens[3], lens[5] = cap, 0, 1
@@ -562,11 +569,23 @@ def test_kvcache_decode_wide_grid(layout):
             cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
         ks = [kc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
         vs = [vc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
-    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
+    try:
+        out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
+    finally:  # no plan or memo entry of the forced tile outlives the test
+        fwd_sm90._plan.cache_clear()
+        api._kvcache_memo.clear()
     assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert [FwdTileConfig(*k.tile).ctas_per_sm for k in keys] == [2], keys  # the wide tile
     problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
     ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
     assert_matches(out, lse, ref, ref_lse, same)
+
+
+class _AnyInputs:
+    """A stand-in for fwd_sm90._WIDE_INPUTS that admits every input set."""
+
+    def __contains__(self, features) -> bool:
+        return True
 
 
 @pytest.mark.gpu

@@ -99,6 +99,9 @@ def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
         )  # fmt: skip
         plan = fwd_sm90._plan(p, InputFeatures(), batch, 1, 8192, True, 0)
         assert (plan.fn.tile == wide_tile) is wide, (batch, splits)
+        # KV-cache inputs keep the default tile until their wide variants ran on a GPU
+        plan = fwd_sm90._plan(p, InputFeatures(seqused_k=True), batch, 1, 8192, True, 0)
+        assert plan.fn.tile != wide_tile
     fwd_sm90._plan.cache_clear()
 
 
