@@ -495,6 +495,22 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
         l_view = ((b * (splits if splits > 1 else 1), h // group, group), (h, group, 1))
     current = torch.cuda.current_device
 
+    if splits == 1 and group == 1 and features == _DENSE:
+        # the tiny-call path: two allocations and one launch, nothing else per call
+        tail = (*scalars, None, None, None, None, None, None, None)
+
+        def launch_one(q, k, v):
+            out = q.new_empty(out_shape)  # q's dtype and device, contiguous
+            lse = q.new_empty(lse_shape, dtype=f32)
+            if current() == index:
+                fn(q, k, v, out, lse, *tail)
+            else:  # the launch (and its stream: torch's current one) must be on q's device
+                with torch.cuda.device(index):
+                    fn(q, k, v, out, lse, *tail)
+            return out, lse
+
+        return launch_one
+
     def launch(q, k, v, seqused_k=None, kv_batch_idx=None, page_table=None):
         out = q.new_empty(out_shape)  # q's dtype and device, contiguous
         lse = q.new_empty(lse_shape, dtype=f32)

@@ -340,34 +340,33 @@ def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypat
     assert calls["defer"] == calls["wait"] == 1 and calls["validate"] == 1
 
 
-def test_bound_launch_matches_run(monkeypatch):
+@pytest.mark.parametrize(
+    "splits,group,kvcache",
+    [(3, 4, True), (1, 4, True), (2, 1, True), (1, 1, True), (1, 1, False), (3, 4, False)],
+)
+def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
     # the bound launcher passes the kernels what _run does (packed decode rows, split
     # partials, the combine's stacked views), with fresh outputs per call
     from cute_attn import fwd_sm90
 
-    seen = {}
-
-    def fn(*args):
-        seen.setdefault("fn", []).append(args)
-
-    def combine(*args):
-        seen.setdefault("combine", []).append(args)
-
-    plan = fwd_sm90._Plan(fn=fn, combine=combine, scalars=(1.0, 1.0, 0, 0, 4, 3), splits=3,
-                          group=4)  # fmt: skip
+    seen = {"fn": [], "combine": []}
+    plan = fwd_sm90._Plan(
+        fn=lambda *a: seen["fn"].append(a), combine=lambda *a: seen["combine"].append(a),
+        scalars=(1.0, 1.0, 0, 0, group, splits), splits=splits, group=group,
+    )  # fmt: skip
     monkeypatch.setattr(fwd_sm90, "_plan", lambda *a: plan)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     p = dataclasses.replace(BASE, batch=2, seqlen_q=1, seqlen_k=300, device_type="cpu",
                             device_index=None)  # fmt: skip
     q = torch.randn(2, 8, 1, 128, dtype=torch.bfloat16).transpose(1, 2)  # strided q
     k = torch.randn(2, 300, 2, 128, dtype=torch.bfloat16)
-    lens = torch.tensor([7, 300], dtype=torch.int32)
+    lens = torch.tensor([7, 300], dtype=torch.int32) if kvcache else None
     out, lse = torch.empty(2, 1, 8, 128, dtype=torch.bfloat16), torch.empty(2, 8, 1)
-    fwd_sm90._run(q, k, k, p, out, lse, features=fwd_sm90._DENSE, max_seqlen_q=1, batch=2,
-                  seqlen_k=300, pack=True, seqused_k=lens)  # fmt: skip
-    feats = fwd_sm90.InputFeatures(seqused_k=True)
-    launch = fwd_sm90._bound_launch(q, p, feats, 1, 300, True)
-    out2, lse2 = launch(q, k, k, lens)
+    feats = fwd_sm90.InputFeatures(seqused_k=True) if kvcache else fwd_sm90._DENSE
+    fwd_sm90._run(q, k, k, p, out, lse, features=feats, max_seqlen_q=1, batch=2, seqlen_k=300,
+                  pack=group > 1, seqused_k=lens)  # fmt: skip
+    launch = fwd_sm90._bound_launch(q, p, feats, 1, 300, group > 1)
+    out2, lse2 = launch(q, k, k, lens) if kvcache else launch(q, k, k)
     assert out2.shape == out.shape and lse2.shape == lse.shape and out2.dtype == out.dtype
 
     def layout(x):
@@ -375,10 +374,14 @@ def test_bound_launch_matches_run(monkeypatch):
             return x
         return (x.shape, x.stride(), x.dtype, x.storage_offset())
 
-    (a_run, a_bound), (c_run, c_bound) = seen["fn"], seen["combine"]
+    (a_run, a_bound) = seen["fn"]
     assert [layout(x) for x in a_run] == [layout(x) for x in a_bound]
     assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[11] is None and a_bound[14] is lens
+    if splits == 1:
+        assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
+        return
+    (c_run, c_bound) = seen["combine"]
     assert [layout(x) for x in c_run] == [layout(x) for x in c_bound]
     assert c_bound[2] is out2 and c_bound[3] is lse2
-    # the packed partials are views of the stacked ones the combine reads
+    # the (packed) partials are views of the stacked ones the combine reads
     assert a_bound[3].data_ptr() == c_bound[0].data_ptr()
