@@ -388,10 +388,11 @@ class ValueCheck:
         self._judge(_read_values(self._build()))
 
 
-# Each thread reuses one pinned buffer and one event per (device, flag count): a check is
-# deferred and waited within one entry call, so a thread's next call finds its buffer read.
-# (A new pinned tensor, copy and event per call cost ~10 us of host; see docs/perf/README.md,
-# "KV-cache memo".)
+# Each thread reuses one pinned buffer and one event per (device, stream, flag count): a check
+# is deferred and waited within one entry call, so a thread's next call finds its buffer read;
+# and should a call fail between the two, a later copy into that buffer is queued behind the
+# unread one on the same stream. (A new pinned tensor, copy and event per call cost ~10 us of
+# host; docs/perf/README.md, "KV-cache host fast path".)
 _readbacks = threading.local()
 
 
@@ -401,14 +402,15 @@ def _readback(flags: torch.Tensor) -> tuple:
     pool = getattr(_readbacks, "pool", None)
     if pool is None:
         pool = _readbacks.pool = {}
-    key = (flags.device.index, flags.shape[0])
+    stream = torch.cuda.current_stream(flags.device)
+    key = (flags.device.index, stream.cuda_stream, flags.shape[0])
     entry = pool.get(key)
     if entry is None:
         pinned = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
         entry = pool[key] = (pinned, torch.cuda.Event(), _any_set_fn(pinned))
     pinned, event, _ = entry
     pinned.copy_(flags, non_blocking=True)
-    event.record(torch.cuda.current_stream(flags.device))
+    event.record(stream)
     return entry
 
 

@@ -20,6 +20,7 @@ from cute_attn.validation import (
     validate_dense,
     validate_kvcache,
     validate_kvcache_deferred,
+    validate_kvcache_static,
     validate_varlen,
     validate_varlen_deferred,
 )
@@ -587,6 +588,38 @@ def test_kvcache_deferred_check_raises_on_wait_only():
     ok.wait()  # valid values: nothing raised
     _, none = validate_kvcache_deferred(q, kc, vc, None, None, **kvknobs())
     assert none is None  # no index tensor: nothing to read
+
+
+def test_kvcache_static_values_build_each_calls_check():
+    # the memo keeps validate_kvcache_static's KvcacheValues; check() binds another call's
+    # tensors of the same signature, and wait() judges those values
+    q, kc, vc, _, _ = kv_tensors()
+    p, values = validate_kvcache_static(q, kc, vc, None, None, **kvknobs(cache_seqlens=i32([3, 9])))
+    assert p.seqlen_k == 10 and values.capacity == 10 and values.seqlens_tensor
+    bad = i32([3, 12])
+    check = values.check(bad, None, None)
+    assert check.index_args[1][3] is bad
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 12"):
+        check.wait()
+    values.check(i32([0, 10]), None, None).wait()
+    assert validate_kvcache_static(q, kc, vc, None, None, **kvknobs(cache_seqlens=4))[1] is None
+
+
+@pytest.mark.parametrize("numpy_ok", [True, False])
+def test_any_set_reader(monkeypatch, numpy_ok):
+    # ValueCheck.wait's reader of the pinned flags: bytes against zeros, or torch's any()
+    from cute_attn import validation
+
+    flags = torch.zeros(5, dtype=torch.int32)
+    if not numpy_ok:
+        monkeypatch.setattr(torch.Tensor, "numpy", lambda self: (_ for _ in ()).throw(
+            RuntimeError("Numpy is not available")))  # fmt: skip
+    any_set = validation._any_set_fn(flags)
+    assert not any_set(flags)
+    flags[3] = 16  # any nonzero bit (BAD_CU_K)
+    assert any_set(flags)
+    flags.zero_()
+    assert not any_set(flags)
 
 
 def test_kvcache_fills_problem():
