@@ -150,10 +150,10 @@ def _dense_tile_config(
     if (head_dim, head_dim_v) not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"SM90 forward has no variant for head dims ({head_dim}, {head_dim_v})")
     if decode and (head_dim, head_dim_v) == (128, 128) and wide:
-        # Unsplit packed-decode grids that fill_two_ctas_per_sm: 64 keys x 2 stages, two CTAs
-        # per SM, so one CTA streams while the other starts or drains (D=64 / 96 not measured:
-        # they keep the tile below). H200, 32/8 heads, D=128,
-        # round-robin against the tile below, TB/s (tune_decode_skip_l2_h200.json,
+        # Unsplit packed-decode grids for which fills_two_ctas_per_sm holds: 64 keys x 2
+        # stages, two CTAs per SM, so one CTA streams while the other starts or drains (D=64 /
+        # 96 not measured: they keep the tile below). H200, 32/8 heads, D=128, round-robin
+        # against the tile below, TB/s (tune_decode_skip_l2_h200.json,
         # tune_decode_cta2_waves_h200.json): B=64 Sk=8k 4.56 vs 4.47-4.49, B=128 Sk=2k 4.49
         # vs 4.41, B=24 Sk=8k 4.15 vs 3.93, B=33 Sk=8k 4.57 vs 4.55. 3 stages or 96 keys:
         # no better (B=64 4.54 / 4.56). Where the bucket says no: B=48 Sk=4k 4.28 vs 4.41,
