@@ -10,7 +10,9 @@ against the fp32 reference (max |err| recorded).
     kernel's loop), and no combine at all (the split kernel alone: its output is not used, this
     is only the time the combine adds);
   * where the split kernel lets the PDL combine launch: at its start ("early") or when its
-    consumers reach the epilogue (the library's);
+    consumers reach the epilogue (the library's); 16 splits per combine step ("unroll16");
+  * the two-CTAs-per-SM tile of wide unsplit grids on the split rows ("wide1x" at the
+    table's split count, "wide2x" at twice it);
   * one call per replay ("inner1", the bench's --graph method) against INNER per replay;
   * split counts: num_splits over a range, library combine.
 
@@ -138,6 +140,8 @@ def main():
     combines = {
         "unroll8": compile_split_combine("bfloat16", d, use_pdl=False),
         "serial": compile_split_combine("bfloat16", d, split_unroll=1, use_pdl=False),
+        # 16 splits' loads per step with the PDL launch: B=1's 16 splits in one step
+        "unroll16": compile_split_combine("bfloat16", d, split_unroll=16),
         "none": lambda *a: None,
     }
     results = []
@@ -159,6 +163,12 @@ def main():
                 _measure(results, name, tensors, label, table_splits, args.reps, combine)
             early = _TableSwap(early_dependents=True)
             _measure(results, name, tensors, "early", table_splits, args.reps, swap=early)
+            # the two-CTAs-per-SM tile of wide unsplit grids on this split grid, at the
+            # table's split count and at twice it (as many CTAs as two per SM hold)
+            for mult in (1, 2):
+                wide = _TableSwap(ctas_per_sm=2, tile_n=64, num_stages=2)
+                _measure(results, name, tensors, f"wide{mult}x", mult * table_splits,
+                         args.reps, swap=wide)  # fmt: skip
         for s in sweep:
             _measure(results, name, tensors, "library", s, args.reps)
     with open(args.out, "w") as f:
