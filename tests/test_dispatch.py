@@ -326,6 +326,21 @@ def test_kvcache_fast_path_misses(kvcache_served_on_cpu, monkeypatch):
     assert calls["validate"] == 8
 
 
+def test_kvcache_fast_path_without_launcher(kvcache_served_on_cpu, monkeypatch):
+    # no bound launcher (gathered pages, empty sizes): a memo hit still skips validation and
+    # runs the kernel path with the call's own tensors
+    from cute_attn import fwd_sm90
+
+    calls = kvcache_served_on_cpu
+    monkeypatch.setattr(fwd_sm90, "kvcache_launcher", lambda *a, **kw: None)
+    q, kc, table = _kv_inputs(paged=True)
+    lens = torch.tensor([5, 32, 0], dtype=torch.int32)
+    for _ in range(3):
+        out = cute_attn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, page_table=table)
+    assert out[0] == "run" and calls["run"] == 3 and calls["validate"] == 1
+    assert calls["defer"] == calls["wait"] == 3 and calls["launch"] == []
+
+
 def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypatch):
     # CUTE_ATTN_CHECK_VALUES is read per call, on memo hits too
     calls = kvcache_served_on_cpu
