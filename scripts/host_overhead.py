@@ -3,9 +3,12 @@
 For each case: eager time per call from CUDA events around back-to-back calls (what `bench`
 reports: when the host is slower than the kernels this is host time), host time per call
 (perf_counter over calls issued without syncing), and the GPU time of the same call replayed
-from a CUDA graph (no host work).
+from a CUDA graph (no host work). Cases: a tiny dense call, the decode rows through
+`flash_attn_func` and through `flash_attn_with_kvcache` (dense cache; B=1 also with
+CUTE_ATTN_CHECK_VALUES=0, B=64 also paged). The tiny call and the B=1 KV-cache call also get a
+per-piece breakdown of their host time (each piece timed alone in a loop).
 
-    python3 scripts/host_overhead.py [--out host.json]
+    python3 scripts/host_overhead.py [--out host.json] [--profile]
 """
 
 from __future__ import annotations
