@@ -62,7 +62,7 @@ def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
 
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 300), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
-HEAD_DIMS = [(64, 64), (128, 128)]
+HEAD_DIMS = [(64, 64), (96, 96), (128, 128)]  # 96: the D=128 tiles, zero-padded
 
 
 @pytest.mark.gpu
@@ -147,7 +147,7 @@ def test_bwd_only_lse_used():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (100, 30)}, {}])
 @pytest.mark.parametrize("sq,sk", [(300, 457), (457, 300)])
 def test_bwd_deterministic_matches_reference(d, kw, sq, sk):
@@ -235,7 +235,7 @@ from cute_attn.arch.sm90.compile import compile_bwd_postprocess, compile_bwd_pre
 from cute_attn.aot import _sass
 rows = []
 for dt in ("bfloat16", "float16"):
-    for d in (64, 128):
+    for d in (64, 96, 128):
         for kind, build in (("pre", lambda: compile_bwd_preprocess(dt, d, d, opts)),
                             ("post", lambda: compile_bwd_postprocess(dt, d, opts))):
             opts = f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
@@ -250,7 +250,7 @@ print(json.dumps(rows))
 @pytest.mark.compile
 def test_compile_bwd_aux_kernels(tmp_path):
     rows = run_json_snippet(_AUX_SNIPPET, tmp_path)
-    assert len(rows) == 8
+    assert len(rows) == 12
     for r in rows:
         if not r["sass"]:
             pytest.skip("nvdisasm not installed: cannot read SASS")

@@ -2,7 +2,9 @@
 
 The backward main kernel adds unscaled dS K partials into a (batch, seq, heads, dim) fp32
 accumulator; this reads it once and writes dQ (16-bit) in the same layout. Each thread
-converts 8 contiguous elements (two 16-byte loads, one 16-byte store).
+converts a contiguous run of whole 16-byte output vectors: 8 elements (two 16-byte loads, one
+16-byte store) when head_dim / 8 is a power of two, else more (24 at head_dim 96:
+bwd_preprocess.row_threads).
 
 Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contiguous.
 """
@@ -13,6 +15,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+
+from .bwd_preprocess import row_threads
 
 NUM_THREADS = 128
 
@@ -26,9 +30,8 @@ class BwdPostprocess:
     def _setup_attributes(self):
         if self.head_dim % 8:
             raise ValueError("head_dim must be a multiple of 8 (16-byte vectors)")
-        self.threads_per_row = self.head_dim // 8
-        if NUM_THREADS % self.threads_per_row:
-            raise ValueError(f"head_dim {self.head_dim}: row group must divide the CTA")
+        self.threads_per_row = row_threads(self.head_dim, NUM_THREADS)
+        self.vec = self.head_dim // self.threads_per_row  # elements per thread
         self.rows_per_cta = NUM_THREADS // self.threads_per_row
 
     @cute.jit
@@ -55,11 +58,13 @@ class BwdPostprocess:
         lane = tidx % self.threads_per_row
         row = row_block * self.rows_per_cta + tidx // self.threads_per_row
         if row < mdQ.shape[1]:
-            r_acc = cute.make_rmem_tensor((8,), Float32)
-            cute.autovec_copy(cute.local_tile(mdQacc[batch, row, head, None], (8,), (lane,)), r_acc)
-            r_dq = cute.make_rmem_tensor((8,), self.dtype)
+            vec = self.vec
+            g_acc = cute.local_tile(mdQacc[batch, row, head, None], (vec,), (lane,))
+            r_acc = cute.make_rmem_tensor((vec,), Float32)
+            cute.autovec_copy(g_acc, r_acc)
+            r_dq = cute.make_rmem_tensor((vec,), self.dtype)
             r_dq.store((r_acc.load() * softmax_scale).to(self.dtype))
-            cute.autovec_copy(r_dq, cute.local_tile(mdQ[batch, row, head, None], (8,), (lane,)))
+            cute.autovec_copy(r_dq, cute.local_tile(mdQ[batch, row, head, None], (vec,), (lane,)))
 
 
 __all__ = ["BwdPostprocess", "NUM_THREADS"]

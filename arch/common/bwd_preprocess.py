@@ -8,13 +8,14 @@ tile_m):
                         and on padding rows (P = 0 there without a bounds check)
     dsum[b, h, i]     = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32), 0 on padding rows
     dq_acc[b, i, h,:] = 0
-A group of dv / 8 threads owns a row: each loads 8 contiguous elements (16 bytes) of dO and O
-and the group reduces with shuffles. The lse gradient, when there is one, is subtracted from
+A group of threads owns a row (row_threads: dv / 8 when that is a power of two, else the
+largest power of two dividing it, e.g. 4 for dv = 96): each loads its contiguous whole 16-byte
+vectors of dO and O and the group reduces with shuffles. The lse gradient, when there is one, is subtracted from
 dsum by the host.
 
 Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
-aligned rows; head_dim and head_dim_v multiples of 8 with head_dim / (head_dim_v / 8) a
-multiple of 4 (so each thread clears a 16-byte chunk of the dQ row).
+aligned rows; head_dim and head_dim_v multiples of 8 with head_dim / row_threads(head_dim_v) a
+multiple of 4 (so each thread clears whole 16-byte chunks of the dQ row).
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ NUM_THREADS = 128
 LOG2E = math.log2(math.e)
 
 
+def row_threads(dim: int, limit: int) -> int:
+    """Threads sharing one row of `dim` 16-bit elements: the largest power of two <= limit
+    that splits the row into whole 16-byte vectors (a power of two, so a group never
+    straddles a warp and shuffles reduce it)."""
+    if dim % 8:
+        raise ValueError(f"head dim {dim} must be a multiple of 8 (16-byte vectors)")
+    t = 1
+    while 2 * t <= limit and (dim // 8) % (2 * t) == 0:
+        t *= 2
+    return t
+
+
 class BwdPreprocess:
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, head_dim_v: int):
         self.dtype = dtype
@@ -40,9 +53,8 @@ class BwdPreprocess:
     def _setup_attributes(self):
         if self.head_dim_v % 8 or self.head_dim % 8:
             raise ValueError("head dims must be multiples of 8 (16-byte vectors)")
-        self.threads_per_row = self.head_dim_v // 8
-        if NUM_THREADS % self.threads_per_row or self.threads_per_row > 32:
-            raise ValueError(f"head_dim_v {self.head_dim_v}: row group must divide a warp")
+        self.threads_per_row = row_threads(self.head_dim_v, 32)
+        self.vec = self.head_dim_v // self.threads_per_row  # dO / O elements per thread
         self.dq_chunk = self.head_dim // self.threads_per_row
         if self.dq_chunk % 4:
             raise ValueError("each thread must clear whole 16-byte chunks of the dQ row")
@@ -85,10 +97,11 @@ class BwdPreprocess:
         seqlen = mO.shape[1]
         dot = Float32(0.0)
         if row < seqlen:
-            r_o = cute.make_rmem_tensor((8,), self.dtype)
-            r_do = cute.make_rmem_tensor((8,), self.dtype)
-            cute.autovec_copy(cute.local_tile(mO[batch, row, head, None], (8,), (lane,)), r_o)
-            cute.autovec_copy(cute.local_tile(mdO[batch, row, head, None], (8,), (lane,)), r_do)
+            vec = self.vec
+            r_o = cute.make_rmem_tensor((vec,), self.dtype)
+            r_do = cute.make_rmem_tensor((vec,), self.dtype)
+            cute.autovec_copy(cute.local_tile(mO[batch, row, head, None], (vec,), (lane,)), r_o)
+            cute.autovec_copy(cute.local_tile(mdO[batch, row, head, None], (vec,), (lane,)), r_do)
             prod = r_o.load().to(Float32) * r_do.load().to(Float32)
             dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             zeros = cute.make_rmem_tensor((self.dq_chunk,), Float32)
@@ -106,4 +119,4 @@ class BwdPreprocess:
             mDsum[batch, head, row] = dot
 
 
-__all__ = ["BwdPreprocess", "NUM_THREADS"]
+__all__ = ["BwdPreprocess", "NUM_THREADS", "row_threads"]

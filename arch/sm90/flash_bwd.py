@@ -22,6 +22,8 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the 
     tile m only after the key tiles left of it that see m did (a per-(batch, head, m) int32
     semaphore counts them), and waits for its add to land before releasing the next one. The
     fp32 sums then happen in one fixed order: bitwise identical run to run.
+  * padded head dim (BwdTileConfig.padded_head_dim, D = 96): the tiles span 128 columns; TMA
+    zero-fills the columns past the tensors' 96 on load and drops them on store / reduce-add.
 
 Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
@@ -121,6 +123,8 @@ class FlashBwdSm90:
             raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
+        # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
+        self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
         smem = cfg.smem_bytes(self.head_dim, self.head_dim_v)
         if smem > SMEM_BYTES_SM90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
@@ -161,7 +165,7 @@ class FlashBwdSm90:
         ]
         # (seq, head, batch)
         mLSE, mDsum, mSem = [select_modes(t, [2, 1, 0]) for t in (mLSE, mDsum, mSem)]
-        d, dv, tm, tn = self.head_dim, self.head_dim_v, self.tile_m, self.tile_n
+        d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
         nwg = self.config.num_mma_warpgroups
 
         def tiled_mma(a_major, b_major, atom_mnk, tiler_mn, a_rmem):
@@ -400,7 +404,7 @@ class FlashBwdSm90:
         m_max: Int32,
     ):
         head_kv = head // self.qhead_per_kvhead
-        d, dv, tm, tn = self.head_dim, self.head_dim_v, self.tile_m, self.tile_n
+        d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
         gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (n_block, 0))
         gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
@@ -470,7 +474,7 @@ class FlashBwdSm90:
         lane = cute.arch.lane_idx()
         sem_bh = mSem[None, head, batch]
         gdQ = cute.local_tile(
-            mdQacc[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0)
+            mdQacc[None, None, head, batch], (self.tile_m, self.tile_d), (None, 0)
         )
         tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
         # sdQ starts empty
@@ -571,9 +575,9 @@ class FlashBwdSm90:
         tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_smem_view(sK)))
 
         acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
-        acc_shape_dq = thr_dq.partition_shape_C((tm, self.head_dim))
-        acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C((tn, self.head_dim)), Float32)
-        acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C((tn, self.head_dim_v)), Float32)
+        acc_shape_dq = thr_dq.partition_shape_C((tm, self.tile_d))
+        acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C((tn, self.tile_d)), Float32)
+        acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C((tn, self.tile_dv)), Float32)
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
 
@@ -704,8 +708,8 @@ class FlashBwdSm90:
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.store_warp:
-            tile_k = (self.tile_n, self.head_dim)
-            tile_v = (self.tile_n, self.head_dim_v)
+            tile_k = (self.tile_n, self.tile_d)
+            tile_v = (self.tile_n, self.tile_dv)
             gdK = cute.local_tile(mdK[None, None, head, batch], tile_k, (n_block, 0))
             gdV = cute.local_tile(mdV[None, None, head, batch], tile_v, (n_block, 0))
             tdKsdK, tdKgdK = tma_tiles(tma_atom_dK, sK, gdK)

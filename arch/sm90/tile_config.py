@@ -377,8 +377,15 @@ class BwdTileConfig:
     # (ncu, D=128 16k causal: every dQ store 2-way conflicted, 4 wavefronts instead of 2);
     # with 32-byte rows the 4 rows fill one 128-byte line
     dq_swizzle: int = 32
+    # 0: the tiles span the problem's head dims. Else both head dims of the tiles (smem, TMA
+    # boxes, wgmma N) are this many columns, more than the tensors have: TMA fills the columns
+    # past a tensor's head dim with zeros on every load and drops them on every store and
+    # reduce-add, so the extra products are exact zeros that never reach memory
+    padded_head_dim: int = 0
 
     def __post_init__(self):
+        if self.padded_head_dim not in (0, 128):
+            raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
         if self.dq_swizzle not in (32, 64, 128):
             raise ValueError(f"dq_swizzle {self.dq_swizzle} must be 32, 64 or 128 (bytes)")
         if self.tile_n != 64 * self.num_mma_warpgroups:
@@ -389,7 +396,19 @@ class BwdTileConfig:
         if self.num_stages != 2:
             raise ValueError("the backward double-buffers Q, dO and dS: num_stages must be 2")
 
+    def tile_head_dims(self, head_dim: int, head_dim_v: int) -> tuple[int, int]:
+        """The head dims the kernel's tiles span for a problem's (head_dim, head_dim_v)."""
+        if self.padded_head_dim:
+            if head_dim != head_dim_v or head_dim > self.padded_head_dim:
+                raise ValueError(
+                    f"padded_head_dim {self.padded_head_dim} needs head_dim == head_dim_v <= it,"
+                    f" got ({head_dim}, {head_dim_v})"
+                )
+            return self.padded_head_dim, self.padded_head_dim
+        return head_dim, head_dim_v
+
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        head_dim, head_dim_v = self.tile_head_dims(head_dim, head_dim_v)
         q = self.num_stages * self.tile_m * head_dim * elem_bytes
         do = self.num_stages * self.tile_m * head_dim_v * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
@@ -400,10 +419,11 @@ class BwdTileConfig:
 
 
 # dK and dV accumulate in registers (64 keys x D per warpgroup, twice): D > 128 needs a
-# different split (dKV swapAB or 3 warpgroups) that is not written yet. D = 96: dQ's split
-# of the head dim over two warpgroups gives N = 48, which the MN-major (transposed K) wgmma
-# operand cannot take with a 64-byte swizzle; it needs a one-warpgroup dQ, not written yet.
-BWD_HEAD_DIMS = ((64, 64), (128, 128))
+# different split (dKV swapAB or 3 warpgroups) that is not written yet. D = 96 runs the
+# D = 128 tiles (BwdTileConfig.padded_head_dim): its own tiles would split dQ's head dim over
+# two warpgroups as N = 48, which the MN-major (transposed K) wgmma operand cannot take with
+# a 64-byte swizzle, and 128 query rows (dQ split by rows) need 256 KB of smem.
+BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
 
 
 def bwd_tile_config(
@@ -433,6 +453,10 @@ def bwd_tile_config(
         # 472, 415 / 411. Without a mask it has nothing to split and its second loop copy makes
         # ptxas spill 6 registers: off there.
         return BwdTileConfig(tile_m=128, split_mask_loops=causal, dq_swizzle=dq_swizzle)
+    if head_dim == 96:
+        # the D = 128 kernel over zero-filled columns (see BWD_HEAD_DIMS): a third more MMA
+        # work than D = 96 needs; gmem traffic is the tensors' own (TMA reads 96 columns)
+        return BwdTileConfig(dq_swizzle=dq_swizzle, padded_head_dim=128)
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
     # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
