@@ -49,8 +49,11 @@ FWD_INPUTS = (
     ("decode split", {"split_kv": True, "decode": True}),
     ("decode kvcache", {"seqused_k": True, "decode": True}),
     # "wide": the two-CTAs-per-SM decode tile of unsplit grids (tile_config.fills_two_ctas_per_sm;
-    # dense decode calls only for now, fwd_sm90._WIDE_INPUTS)
+    # the dense and KV-cache inputs of fwd_sm90._WIDE_INPUTS)
     ("decode wide", {"decode": True, "wide": True}),
+    ("decode kvcache wide", {"seqused_k": True, "decode": True, "wide": True}),
+    ("decode paged128 wide", {"seqused_k": True, "paged_kv": True, "decode": True,
+                              "page_size": 128, "wide": True}),
     # paged: "page_size" picks the key tile (tile_config.paged_tile_config): 64 cuts the decode
     # tile to 64 keys with more stages, 16 the smallest TMA tile, 256 keeps the table's tile
     ("decode paged64", {"seqused_k": True, "paged_kv": True, "decode": True, "page_size": 64}),

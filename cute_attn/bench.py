@@ -730,16 +730,21 @@ def _prepare_impl(impl, row, sets, args) -> _Prepared:
                 return torch.autograd.grad(outs[i], leaves[i], sets[i][3], retain_graph=True)
         elif getattr(args, "graph", False):
             # GPU time only: each set's call captured once in a CUDA graph, then replayed
+            # (candidate, graph, output): a graph reads its candidate's tensors, and paged rows
+            # build theirs (pages, table) inside the candidate, so the candidate stays alive
+            # with its graph. Before, they were freed here and the replays read whatever took
+            # their memory next (an illegal address once FA4's paged inputs reused it).
             try:
-                graphs = [capture_graph(c[1]) for c in cands]
+                graphs = [(c, *capture_graph(c[1])) for c in cands]
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the call
                 note = f"graph capture: {type(e).__name__}: {e}"[:500]
                 return _Prepared({**res, "status": "error", "note": note})
             res["note"] = (res["note"] + " graph").strip()
 
             def call(i):
-                graphs[i][0].replay()
-                return graphs[i][1]
+                _, graph, out = graphs[i]
+                graph.replay()
+                return out
         else:
 
             def call(i):

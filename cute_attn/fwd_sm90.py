@@ -98,11 +98,19 @@ class IndexCheckKey(KernelKey):
 
 
 _DENSE = InputFeatures()
-# The inputs whose packed-decode calls may take the two-CTAs-per-SM tile (`wide`): the dense
-# call, whose compiled kernel docs/perf/tune_decode_*_h200.json timed and checked against the
-# reference. Its KV-cache and paged variants compile spill-free but have not run on a GPU
-# yet (no device was lent after they were written); test_kvcache_decode_wide_grid forces them.
-_WIDE_INPUTS = frozenset({_DENSE})
+# The inputs whose packed-decode calls may take the two-CTAs-per-SM tile (`wide`): every input
+# set a decode call packs. Dense: docs/perf/tune_decode_*_h200.json (B=64 8k 4.47-4.49 ->
+# 4.56 TB/s, B=128 2k 4.41 -> 4.49). KV cache: test_kvcache_decode_wide_grid checks the
+# dense, cache_batch_idx and paged (16, 64) variants against the reference; B=64 8k paged
+# (bench_decode_graph_paged_{anywide,base}_*_h200.json, CUDA graphs, alternated runs, ms
+# wide / the default tile): page 64 0.485-0.490 / 0.487-0.489, page 128 0.486-0.489 /
+# 0.494-0.497, page 256 0.486-0.488 / 0.494-0.495.
+_WIDE_INPUTS = frozenset({
+    _DENSE,
+    InputFeatures(seqused_k=True),
+    InputFeatures(seqused_k=True, kv_batch_idx=True),
+    InputFeatures(seqused_k=True, paged_kv=True),
+})  # fmt: skip
 
 
 def fwd_key(

@@ -413,3 +413,40 @@ def test_fa4_candidates(monkeypatch):
     monkeypatch.setattr(bench, "_fa4_func", lambda: None)
     with pytest.raises(bench.Skip):
         bench._build_fa4(row, x, x, x)
+
+
+def test_bench_graph_keeps_each_candidate_alive(monkeypatch):
+    # A graph replays its candidate's tensors by address; paged rows build theirs (pages,
+    # table) inside the candidate, so _prepare_impl must keep the candidate with its graph
+    # (freed, the replays read whatever took that memory: an illegal address on the H200).
+    import contextlib
+    import gc
+    import weakref
+
+    class Inputs:  # stands for the tensors a candidate's closure owns
+        pass
+
+    refs = []
+
+    def candidates(impl, row, q, k, v):
+        owned = Inputs()
+        refs.append(weakref.ref(owned))
+        return [("", lambda: (owned, Inputs())[1], ())], contextlib.nullcontext  # a new output
+
+    class Graph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(bench, "_candidates", candidates)
+    monkeypatch.setattr(bench, "capture_graph", lambda fn: (Graph(), fn()))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    row = bench.Row("fwd b1 s1 h1 d64", 1, 1, 1, 1, 1, 64, 64)
+    sets = [(None, None, None, None)] * 2
+    prep = bench._prepare_impl("fa4", row, sets, types.SimpleNamespace(graph=True))
+    gc.collect()
+    assert prep.res["status"] == "ok" and "graph" in prep.res["note"]
+    assert len(refs) == 2 and all(r() is not None for r in refs)
+    assert isinstance(prep.call(1), Inputs)
+    del prep
+    gc.collect()
+    assert all(r() is None for r in refs)  # held by the prepared impl, not leaked

@@ -538,14 +538,12 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
 def test_kvcache_decode_wide_grid(layout, monkeypatch):
     # 17 batch rows x 8 KV heads keep every SM busy unsplit: the two-CTAs-per-SM decode tile
     # (64 keys, 2 stages; tile_config.fills_two_ctas_per_sm), over lengths 0, 1, odd and full.
-    # The library takes it for dense decode calls only so far (fwd_sm90._WIDE_INPUTS): this
-    # test lets the KV-cache inputs take it too, to verify those variants.
+    # The library takes it for every KV-cache input set (fwd_sm90._WIDE_INPUTS).
     from cute_attn import api, fwd_sm90
     from cute_attn.arch.sm90.tile_config import FwdTileConfig, fills_two_ctas_per_sm
 
     b, h, hkv, d, cap = 17, 32, 8, 128, 704
     assert fills_two_ctas_per_sm(b * hkv, fwd_sm90._num_sms(None))
-    monkeypatch.setattr(fwd_sm90, "_WIDE_INPUTS", _AnyInputs())
     keys, build = [], fwd_sm90.build_fwd
     monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
     fwd_sm90._plan.cache_clear()
@@ -579,13 +577,6 @@ def test_kvcache_decode_wide_grid(layout, monkeypatch):
     problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
     ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
     assert_matches(out, lse, ref, ref_lse, same)
-
-
-class _AnyInputs:
-    """A stand-in for fwd_sm90._WIDE_INPUTS that admits every input set."""
-
-    def __contains__(self, features) -> bool:
-        return True
 
 
 @pytest.mark.gpu

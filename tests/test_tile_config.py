@@ -8,6 +8,7 @@ import pytest
 
 from cute_attn.arch.common.seqlen import InputFeatures
 from cute_attn.arch.sm90.tile_config import (
+    FwdTileConfig,
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_tile_config,
@@ -97,11 +98,15 @@ def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
             softmax_scale=0.1, causal=True, window_left=-1, window_right=0, softcap=0.0,
             num_splits=splits,
         )  # fmt: skip
-        plan = fwd_sm90._plan(p, InputFeatures(), batch, 1, 8192, True, 0)
-        assert (plan.fn.tile == wide_tile) is wide, (batch, splits)
-        # KV-cache inputs keep the default tile until their wide variants ran on a GPU
-        plan = fwd_sm90._plan(p, InputFeatures(seqused_k=True), batch, 1, 8192, True, 0)
-        assert plan.fn.tile != wide_tile
+        # dense and KV-cache inputs alike (fwd_sm90._WIDE_INPUTS)
+        for feats in (InputFeatures(), InputFeatures(seqused_k=True),
+                      InputFeatures(seqused_k=True, kv_batch_idx=True)):  # fmt: skip
+            plan = fwd_sm90._plan(p, feats, batch, 1, 8192, True, 0)
+            assert (plan.fn.tile == wide_tile) is wide, (batch, splits, feats)
+        paged = dataclasses.replace(p, paged=True, page_size=128)
+        plan = fwd_sm90._plan(paged, InputFeatures(seqused_k=True, paged_kv=True), batch, 1,
+                              8192, True, 0)  # fmt: skip
+        assert (FwdTileConfig(*plan.fn.tile).ctas_per_sm == 2) is wide, (batch, splits)
     fwd_sm90._plan.cache_clear()
 
 

@@ -9,9 +9,9 @@ tile_m):
     dsum[b, h, i]     = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32), 0 on padding rows
     dq_acc[b, i, h,:] = 0
 A group of threads owns a row (row_threads: dv / 8 when that is a power of two, else the
-largest power of two dividing it, e.g. 4 for dv = 96): each loads its contiguous whole 16-byte
-vectors of dO and O and the group reduces with shuffles. The lse gradient, when there is one, is subtracted from
-dsum by the host.
+largest power of two dividing it, e.g. 4 for dv = 96): each loads its contiguous whole
+16-byte vectors of dO and O and the group reduces with shuffles. The lse gradient, when there
+is one, is subtracted from dsum by the host.
 
 Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
 aligned rows; head_dim and head_dim_v multiples of 8 with head_dim / row_threads(head_dim_v) a
