@@ -93,6 +93,14 @@ def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:
     return unsupported_reason(p, tensors, BWD_HEAD_DIMS)
 
 
+def bwd_kernel_note(p: AttnProblem) -> str | None:
+    """What `last_backward_dispatch().reason` adds about the variant: the padded head dim."""
+    pad = BwdTileConfig(*bwd_key(p).tile).padded_head_dim
+    if pad:
+        return f"head dim {p.head_dim} on the D={pad} tiles, columns past {p.head_dim} zero-filled"
+    return None
+
+
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     # dO from autograd can be any view (an expanded zero, a transpose): TMA and the 16-byte
     # vector loads need an aligned base, nonzero 16-byte strides and a contiguous last dim
@@ -150,7 +158,7 @@ def backward(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
     """Gradients (dq, dk, dv), contiguous, in the input dtypes: the SM90 kernel when it serves
     the problem, else the reference's analytic backward (warned once per reason, recorded)."""
     d = dispatch.select_backward(
-        p, (("q", q), ("k", k), ("v", v), ("out", out)), bwd_unsupported_reason
+        p, (("q", q), ("k", k), ("v", v), ("out", out)), bwd_unsupported_reason, bwd_kernel_note
     )
     if d.impl == "sm90_bwd":
         return run_bwd(q, k, v, out, lse, dout, p, dlse)

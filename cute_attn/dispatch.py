@@ -156,11 +156,12 @@ def select(
     )
 
 
-def select_backward(p: AttnProblem, tensors, unsupported_reason) -> Decision:
+def select_backward(p: AttnProblem, tensors, unsupported_reason, kernel_note=None) -> Decision:
     """The backward of a call whose forward already ran. The SM90 backward kernel when
     `unsupported_reason(p, tensors)` is None; otherwise the exact reference backward, with a
     one-time warning (raising here, after a forward that succeeded, would strand a training
-    step; the choice is recorded like any other)."""
+    step; the choice is recorded like any other). `kernel_note(p)`, when given, returns what
+    the served reason adds about the variant that runs (or None)."""
     entry = "backward"
     if p.device_type != "cuda":
         return _record(Decision("reference", None, "CPU tensors run the reference path", entry))
@@ -168,7 +169,9 @@ def select_backward(p: AttnProblem, tensors, unsupported_reason) -> Decision:
     if arch == "sm_90a":
         reason = unsupported_reason(p, tensors)
         if reason is None:
-            return _record(Decision("sm90_bwd", arch, "SM90 backward kernel", entry))
+            note = kernel_note(p) if kernel_note is not None else None
+            served = "SM90 backward kernel" + (f" ({note})" if note else "")
+            return _record(Decision("sm90_bwd", arch, served, entry))
     else:
         reason = f"no cute_attn backward kernel for {arch}"
     _warn_once(f"the backward kernel does not serve this call ({reason})")

@@ -400,3 +400,24 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
     assert c_bound[2] is out2 and c_bound[3] is lse2
     # the (packed) partials are views of the stacked ones the combine reads
     assert a_bound[3].data_ptr() == c_bound[0].data_ptr()
+
+
+def test_backward_reason_names_the_padded_head_dim(fake_arch):
+    # D=96 runs the D=128 backward tiles over zero-filled columns: the record says so
+    from cute_attn import bwd_sm90
+
+    fake_arch("sm_90a")
+    for d, note in ((96, "head dim 96 on the D=128 tiles"), (128, None)):
+        p = dataclasses.replace(BASE, head_dim=d, head_dim_v=d, softmax_scale=d**-0.5)
+        got = dispatch.select_backward(
+            p, _tensors(d), bwd_sm90.bwd_unsupported_reason, bwd_sm90.bwd_kernel_note
+        )
+        assert got.impl == "sm90_bwd", got
+        assert (note in got.reason) if note else got.reason == "SM90 backward kernel", got
+    p = dataclasses.replace(BASE, head_dim=256, head_dim_v=256, softmax_scale=256**-0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = dispatch.select_backward(
+            p, _tensors(256), bwd_sm90.bwd_unsupported_reason, bwd_sm90.bwd_kernel_note
+        )
+    assert got.impl == "reference" and "head dims (256, 256)" in got.reason, got
