@@ -40,6 +40,12 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d64-4k-causal": (4, 4096, 32, 64, True),
     "d64-1k": (16, 1024, 32, 64, False),
     "d64-1k-causal": (16, 1024, 32, 64, True),
+    # D=96 (the bwd preset's rows: 2048 / 96 -> 21 heads)
+    "d96-16k": (1, 16384, 21, 96, False),
+    "d96-16k-causal": (1, 16384, 21, 96, True),
+    "d96-4k": (4, 4096, 21, 96, False),
+    "d96-4k-causal": (4, 4096, 21, 96, True),
+    "d96-1k": (16, 1024, 21, 96, False),
 }
 
 INNER = 3

@@ -455,7 +455,10 @@ def bwd_tile_config(
         return BwdTileConfig(tile_m=128, split_mask_loops=causal, dq_swizzle=dq_swizzle)
     if head_dim == 96:
         # the D = 128 kernel over zero-filled columns (see BWD_HEAD_DIMS): a third more MMA
-        # work than D = 96 needs; gmem traffic is the tensors' own (TMA reads 96 columns)
+        # work than D = 96 needs; gmem traffic is the tensors' own (TMA reads 96 columns).
+        # Its own 96-column tiles with dQ on one warpgroup (N = 96) lost to it
+        # (tune_bwd_d96_single_dq_h200.json, round-robin, TFLOP/s, own / padded): 16k 431 /
+        # 449, 16k causal 416 / 440, 4k 415 / 427, 1k 338 / 345; that variant was removed.
         return BwdTileConfig(dq_swizzle=dq_swizzle, padded_head_dim=128)
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
