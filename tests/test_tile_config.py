@@ -217,3 +217,34 @@ def test_row_max_form_where_measured():
             assert fwd_tile_config(d, dv, causal, local).row_max_form == 0
     with pytest.raises(ValueError, match="row_max_form"):
         FwdTileConfig(row_max_form=3)
+
+
+def test_bwd_d96_runs_the_padded_d128_tiles():
+    # D=96: the D=128 backward tiles over zero-filled columns (tune_bwd_d96_single_dq_h200.json:
+    # its own tiles with a one-warpgroup dQ lost); the padding changes nothing else
+    from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+
+    assert (96, 96) in BWD_HEAD_DIMS
+    for causal, det in ((False, False), (True, False), (True, True)):
+        cfg = bwd_tile_config(96, 96, causal, False, deterministic=det)
+        assert cfg.padded_head_dim == 128
+        assert dataclasses.replace(cfg, padded_head_dim=0) == bwd_tile_config(
+            128, 128, causal, False, deterministic=det
+        )
+        assert cfg.tile_head_dims(96, 96) == (128, 128)
+        assert cfg.smem_bytes(96, 96) == cfg.smem_bytes(128, 128)
+    assert bwd_tile_config(128, 128, False, False).tile_head_dims(128, 128) == (128, 128)
+    with pytest.raises(ValueError, match="head_dim == head_dim_v"):
+        BwdTileConfig(padded_head_dim=128).tile_head_dims(96, 64)
+    with pytest.raises(ValueError, match="padded_head_dim 64"):
+        BwdTileConfig(padded_head_dim=64)
+
+
+def test_bwd_row_threads():
+    # threads per row of the backward pre/postprocess: a power of two of whole 16-byte vectors
+    from cute_attn.arch.common.bwd_preprocess import row_threads
+
+    assert [row_threads(d, 32) for d in (64, 96, 128, 192, 256)] == [8, 4, 16, 8, 32]
+    assert row_threads(512, 32) == 32 and row_threads(512, 128) == 64
+    with pytest.raises(ValueError, match="multiple of 8"):
+        row_threads(100, 32)
