@@ -163,7 +163,7 @@ def compile_variants(
     if arch not in MEANT:
         return []  # no kernels for this arch yet (sm_100a: none)
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
-    from .arch.common.seqlen import InputFeatures
+    from .arch.common.features import InputFeatures
     from .bwd_sm90 import build_bwd, bwd_key
     from .fwd_sm90 import build_fwd, fwd_key
 

@@ -97,6 +97,8 @@ import pathlib
 import platform
 import re
 import secrets
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -278,8 +280,30 @@ def _arch_dir() -> pathlib.Path | None:
     return None
 
 
+@functools.cache
+def _dist_info_versions() -> dict[str, str]:
+    """{normalized name: version} from the `<name>-<version>.dist-info` folders on sys.path,
+    the first one of a name winning (importlib.metadata's search order). One listing of each
+    folder per process: a fresh process's first disk hit computes the fingerprint, and two
+    `importlib.metadata.version` calls cost ~5 ms there."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for n in names:
+            if n.endswith(".dist-info") and "-" in n:
+                name, _, version = n[: -len(".dist-info")].partition("-")
+                found.setdefault(re.sub(r"[-_.]+", "_", name).lower(), version)
+    return found
+
+
 def _dist_version(dist: str) -> str:
-    try:
+    version = _dist_info_versions().get(re.sub(r"[-_.]+", "_", dist).lower())
+    if version is not None:
+        return version
+    try:  # egg-info and other layouts
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "not-installed"
@@ -350,15 +374,77 @@ def _export_name(name: str, key: KernelKey) -> str:
     return f"cute_attn_{_c_identifier(name)}_{key.digest()[:16]}"
 
 
+def _shared_lib_enabled() -> bool:
+    return os.environ.get("CUTE_ATTN_SHARED_LIB", "1").strip().lower() not in _DISABLE_VALUES
+
+
+def _c_compiler() -> str | None:
+    """A C compiler driver that can link a shared object: $CC, else cc / gcc / clang on PATH
+    (the same requirement Triton's launcher has)."""
+    explicit = os.environ.get("CC")
+    if explicit:
+        return shutil.which(explicit)
+    return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+
+
+def _link_shared(obj: pathlib.Path, out: pathlib.Path) -> bool:
+    """Link the exported object file into a shared object that `tvm_ffi.load_module` can open
+    without the DSL: against libcute_dsl_runtime and libtvm_ffi, their folders as rpath. Only
+    called right after a build, when cutlass is imported anyway. False (logged) if it fails;
+    the entry then keeps the object file only."""
+    from cutlass.cute.runtime import find_runtime_libraries
+
+    cc = _c_compiler()
+    libs = [pathlib.Path(p) for p in find_runtime_libraries(enable_tvm_ffi=True)]
+    if cc is None or len(libs) != 2 or not all(p.is_file() for p in libs):
+        logger.debug("cute_attn cache: no shared object (compiler %s, libraries %s)", cc, libs)
+        return False
+    rpath = ":".join(sorted({str(p.parent) for p in libs}))
+    cmd = [cc, "-shared", "-o", str(out), str(obj), *map(str, libs), f"-Wl,-rpath,{rpath}"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.debug("cute_attn cache: linking %s failed: %s", out, e)
+        return False
+    if res.returncode:
+        logger.debug("cute_attn cache: linking %s failed: %s", out, res.stderr[-2000:])
+        return False
+    return True
+
+
 def _tvm_ffi_hooks(name: str):
+    """Save: the TVM-FFI object file, plus (where a C compiler links it) the same code as a
+    shared object. Load: the shared object through `tvm_ffi.load_module`, which needs neither
+    cutlass nor its JIT linker (a fresh process then skips the DSL's ~0.6 s import), else the
+    object file through `cute.runtime.load_module` (JIT-linked by the DSL's engine)."""
+
     def save(compiled: Any, base: pathlib.Path, key: KernelKey) -> list[pathlib.Path]:
         path = pathlib.Path(f"{base}.o")
         # Only TVM-FFI functions take object_file_path=/function_name=; anything else raises
         # (AttributeError/TypeError/DSL error) and the caller keeps the entry memory-only.
         compiled.export_to_c(object_file_path=str(path), function_name=_export_name(name, key))
+        shared = pathlib.Path(f"{base}.so")
+        if _shared_lib_enabled() and _link_shared(path, shared):
+            return [path, shared]
         return [path]
 
     def load(base: pathlib.Path, key: KernelKey) -> Any:
+        shared = pathlib.Path(f"{base}.so")
+        if _shared_lib_enabled() and shared.exists():
+            try:
+                import tvm_ffi
+
+                # kept alive (never unloaded) by TVM-FFI's module registry, like the DSL's engines
+                module = tvm_ffi.load_module(str(shared), keep_module_alive=True)
+                return module[_export_name(name, key)]
+            except Exception as e:  # moved runtime libraries, ...: the object file still works
+                _warn_once(
+                    (name, "shared"),
+                    "cute_attn cache: cannot load %s (%s: %s); loading the object file",
+                    shared,
+                    type(e).__name__,
+                    e,
+                )
         import cutlass.cute as cute
 
         module = cute.runtime.load_module(f"{base}.o", enable_tvm_ffi=True)

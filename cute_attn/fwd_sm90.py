@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from .arch.common.seqlen import InputFeatures
+from .arch.common.features import InputFeatures
 from .arch.sm90.tile_config import (
     SUPPORTED_HEAD_DIMS,
     FwdTileConfig,

@@ -26,6 +26,7 @@ import timeit
 
 import pytest
 
+import cute_attn.cache as cache_mod
 from cute_attn.cache import (
     KernelKey,
     cache_dir,
@@ -420,8 +421,8 @@ class AddKey(KernelKey):
 
 @compiled_cache("dsl_add")
 def build(key):
-    if mode == "load":
-        raise AssertionError("the load phase must not build")
+    if mode != "build":
+        raise AssertionError("the load phases must not build")
     n = cute.sym_int()
     fakes = [cute.runtime.make_fake_compact_tensor(cutlass.Float32, (n,)) for _ in range(3)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -452,36 +453,94 @@ json.dump(
 """
 
 
+# A fresh process that loads the entry above without the DSL: same key class, no cutlass import.
+_BARE_SCRIPT = """
+import dataclasses, json, sys, time
+
+import tvm_ffi  # noqa: F401  (imports torch when installed: a user's process has both already)
+
+from cute_attn.cache import KernelKey, cache_stats, compiled_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class AddKey(KernelKey):
+    dtype: str
+    block: int
+
+
+@compiled_cache("dsl_add")
+def build(key):
+    raise AssertionError("the bare load must not build")
+
+
+t0 = time.perf_counter()
+fn = build(AddKey("float32", 128))
+seconds = time.perf_counter() - t0
+import numpy as np
+x = np.zeros(16, np.float32)
+try:
+    fn(x, x, x)
+    call_error = None
+except Exception as e:
+    call_error = f"{type(e).__name__}: {e}"
+json.dump(
+    {
+        "seconds": seconds,
+        "type": f"{type(fn).__module__}.{type(fn).__qualname__}",
+        "call_error": call_error,
+        "stats": cache_stats("dsl_add"),
+        "cutlass_imported": "cutlass" in sys.modules,
+    },
+    open(sys.argv[2], "w"),
+)
+"""
+
+
 @pytest.mark.compile
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs nvidia-cutlass-dsl")
 def test_real_cute_dsl_export_and_load_round_trip(tmp_path):
     script = tmp_path / "dsl_add.py"  # the DSL needs a real source file for its jit functions
     script.write_text(_DSL_SCRIPT)
+    bare = tmp_path / "bare_load.py"
+    bare.write_text(_BARE_SCRIPT)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
-    def run(mode):
+    def run(path, mode, **extra):
         out = tmp_path / f"{mode}.json"
         proc = subprocess.run(
-            [sys.executable, str(script), mode, str(out)], env=env, capture_output=True, text=True
+            [sys.executable, str(path), mode, str(out)],
+            env=dict(env, **extra),
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stderr[-8000:]
         return json.loads(out.read_text())
 
-    built = run("build")
+    built = run(script, "build")
     assert built["stats"]["misses"] == 1 and built["stats"]["disk_hits"] == 0
     assert built["entries"] == 1
     suffixes = sorted(p.suffix for p in (cache_dir() / "dsl_add").iterdir())
-    assert suffixes == [".json", ".lock", ".o"]
+    # the shared object needs a C compiler to link it; CI's machine has one
+    linked = cache_mod._c_compiler() is not None
+    assert suffixes == [".json", ".lock", ".o"] + [".so"] * linked
 
-    loaded = run("load")  # fresh process: must come from disk, never from build()
-    assert loaded["stats"]["disk_hits"] == 1 and loaded["stats"]["misses"] == 0
-    assert loaded["type"] == "tvm_ffi.core.Function" and loaded["callable"]
+    # fresh processes: each must come from disk, never from build()
+    loaded = run(script, "load")
+    from_object = run(script, "load_object", CUTE_ATTN_SHARED_LIB="0")
+    results = [built, loaded, from_object]
+    if linked:
+        results.append(run(bare, "bare"))
+        assert not results[-1]["cutlass_imported"]  # the disk hit skipped the DSL entirely
+    for result in results[1:]:
+        assert result["stats"]["disk_hits"] == 1 and result["stats"]["misses"] == 0
+        assert result["type"] == "tvm_ffi.core.Function"
     # The loaded symbol is the real kernel entry: it checks its signature and device.
-    for result in (built, loaded):
+    for result in results:
         assert "cuda" in result["call_error"], result["call_error"]
     print(
         f"\nbuild+export {built['seconds']:.3f} s (build {built['stats']['build_seconds']:.3f} s);"
-        f" disk load in a fresh process {loaded['seconds']:.3f} s"
-        f" (load hook {loaded['stats']['load_seconds']:.3f} s)"
+        f" disk load in a fresh process {loaded['seconds']:.3f} s, object file"
+        f" {from_object['seconds']:.3f} s"
+        + (f", without the DSL {results[-1]['seconds']:.3f} s" if linked else "")
     )

@@ -13,7 +13,7 @@ import torch
 from compile_snippet import MASK_WINDOWS, run_json_snippet
 
 from cute_attn import flash_attn_func, last_dispatch
-from cute_attn.arch.common.seqlen import InputFeatures
+from cute_attn.arch.common.features import InputFeatures
 from cute_attn.reference import attention_ref
 
 from gpu_cases import SWEEP_MODES, assert_matches, attn_inputs, mode_kwargs, sweep_batch

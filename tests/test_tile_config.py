@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cute_attn.arch.common.seqlen import InputFeatures
+from cute_attn.arch.common.features import InputFeatures
 from cute_attn.arch.sm90.tile_config import (
     FwdTileConfig,
     fills_tall_tiles,

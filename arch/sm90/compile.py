@@ -22,8 +22,8 @@ import cutlass.cute as cute
 
 from ..common.bwd_postprocess import BwdPostprocess
 from ..common.bwd_preprocess import BwdPreprocess
+from ..common.features import InputFeatures
 from ..common.index_check import IndexCheck
-from ..common.seqlen import InputFeatures
 from ..common.split_combine import SplitCombine
 from .flash_bwd import FlashBwdSm90
 from .flash_fwd import FlashFwdSm90

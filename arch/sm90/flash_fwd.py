@@ -46,9 +46,10 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..common.convert import convert_pairs
+from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
-from ..common.seqlen import InputFeatures, SeqInfo, ragged_rows
+from ..common.seqlen import SeqInfo, ragged_rows
 from ..common.softmax import OnlineSoftmax
 from .primitives import (
     arrive_after,

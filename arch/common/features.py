@@ -1,0 +1,48 @@
+"""Which optional inputs a forward kernel variant takes: `InputFeatures`, part of the compile key.
+
+Plain Python (no cutlass, no torch): the host layer builds keys from it on every call, and a
+disk-cache hit must not pay the DSL's import (about 0.6 s) to do so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["InputFeatures"]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFeatures:
+    """Which optional inputs a forward kernel variant takes (presence specializes; values are
+    runtime)."""
+
+    cu_seqlens_q: bool = False  # q / out / lse packed (total_q, ...)
+    cu_seqlens_k: bool = False  # k / v packed (total_k, ...)
+    # query rows used per sequence (packed q): rows past it are not computed and not written
+    # (the host fills them with out 0 / lse -inf)
+    seqused_q: bool = False
+    seqused_k: bool = False  # keys used per batch row (KV cache lengths)
+    kv_batch_idx: bool = False  # batch row b reads cache row kv_batch_idx[b]
+    split_kv: bool = False  # CTAs split the key range; fp32 partial out / lse per split
+    # k / v are (num_pages, page_size, heads, dim); key tile n of batch row b is read from page
+    # page_table[b, n // (page_size / tile_n)]. Lengths come from seqused_k or the spans of
+    # cu_seqlens_k (which then offsets nothing: the pages say where keys live)
+    paged_kv: bool = False
+    # grid z-slice z computes batch row batch_order[z]: the host sorts sequences longest first,
+    # so the hardware's in-order block dispatch starts the longest CTAs first (LPT over
+    # sequences; blocks of one z-slice are dispatched before the next)
+    batch_order: bool = False
+
+    @property
+    def direct_store(self) -> bool:
+        """O leaves registers with predicated stores instead of the TMA store: split partials
+        are fp32 (and stacked by split). Packed q takes the TMA store over `ragged_rows`."""
+        return self.split_kv
+
+    @property
+    def clean_v_tail(self) -> bool:
+        """V rows past seqlen_k inside the last key tile may hold anything (stale cache rows,
+        the next packed sequence's values, NaN): they are zeroed in smem, because P = 0 there
+        still gives 0 * NaN = NaN. Dense inputs need no cleaning: past the tensor's end the
+        TMA fills zeros."""
+        return self.seqused_k or self.cu_seqlens_k or self.paged_kv
