@@ -9,8 +9,9 @@ target arch, ...); it is everything that changes the generated code and nothing 
 batch or sequence lengths, never tensors). The decorated function returns
 
 1. the object from the in-process memory cache (a dict lookup: the per-call hot path), else
-2. the artifact saved on disk by an earlier process (a TVM-FFI object file: ~1 ms to load once
-   the runtime libraries are loaded), else
+2. the artifact saved on disk by an earlier process (a TVM-FFI shared object opened by
+   `tvm_ffi.load_module`, a few ms and no cutlass import; else the object file, JIT-linked by
+   the DSL after its ~0.6 s import), else
 3. a fresh build, which is then saved to disk for the next process.
 
 On-disk layout
@@ -23,7 +24,8 @@ On-disk layout
                                     build seconds, creation time. Written last; an entry is
                                     valid only if its sidecar exists and matches the key.
         <digest>.o                  the artifact(s) written by the save hook (default: a TVM-FFI
-                                    object file exported with `export_to_c`)
+        <digest>.so                 object file exported with `export_to_c`, and that object
+                                    linked into a shared object where a C compiler is found)
         <digest>.lock               flock target serializing builders of this key across
                                     processes (never deleted: unlinking a flock file races)
         .tmp.<digest>.<pid>...      in-flight writes, renamed into place with os.replace
@@ -38,6 +40,8 @@ Environment (read at call time, so tests can monkeypatch it)
 -------------------------------------------------------------
 - `CUTE_ATTN_DISK_CACHE=0` (or false/off/no): memory cache only; nothing is written. Wins over
   `CUTE_ATTN_CACHE_DIR`.
+- `CUTE_ATTN_SHARED_LIB=0`: the default hooks neither link nor load the `.so` copies (a disk hit
+  then goes through the DSL's loader, which imports cutlass).
 - `CUTE_ATTN_CACHE_DIR=/path`: use this folder as-is (shared by all fingerprints; the digest
   keeps them apart).
 - default: `${XDG_CACHE_HOME:-~/.cache}/cute_attn/<fingerprint[:16]>`.
@@ -280,33 +284,63 @@ def _arch_dir() -> pathlib.Path | None:
     return None
 
 
+# The import package of each distribution the fingerprint names: its dist-info folder normally
+# sits next to the package, so one listing of that folder finds the version.
+_DIST_PACKAGES = {"nvidia-cutlass-dsl": "nvidia_cutlass_dsl", "apache-tvm-ffi": "tvm_ffi"}
+
+
 @functools.cache
-def _dist_info_versions() -> dict[str, str]:
-    """{normalized name: version} from the `<name>-<version>.dist-info` folders on sys.path,
-    the first one of a name winning (importlib.metadata's search order). One listing of each
-    folder per process: a fresh process's first disk hit computes the fingerprint, and two
-    `importlib.metadata.version` calls cost ~5 ms there."""
+def _dist_infos(folder: str) -> dict[str, str]:
+    """{normalized name: version} from the `<name>-<version>.dist-info` folders in folder."""
     found: dict[str, str] = {}
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for n in names:
-            if n.endswith(".dist-info") and "-" in n:
-                name, _, version = n[: -len(".dist-info")].partition("-")
-                found.setdefault(re.sub(r"[-_.]+", "_", name).lower(), version)
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return found
+    for n in names:
+        if n.endswith(".dist-info") and "-" in n:
+            name, _, version = n[: -len(".dist-info")].partition("-")
+            found.setdefault(re.sub(r"[-_.]+", "_", name).lower(), version)
     return found
 
 
 def _dist_version(dist: str) -> str:
-    version = _dist_info_versions().get(re.sub(r"[-_.]+", "_", dist).lower())
-    if version is not None:
-        return version
-    try:  # egg-info and other layouts
+    """The installed version of a distribution, without `importlib.metadata` where the
+    dist-info folder can be found by listing (a fresh process's first disk hit computes the
+    fingerprint, and two `importlib.metadata.version` calls cost ~5 ms there): first the
+    folder holding its import package, then sys.path in order (importlib.metadata's search
+    order), then importlib.metadata itself (egg-info and other layouts)."""
+    norm = re.sub(r"[-_.]+", "_", dist).lower()
+    folders = []
+    package = _DIST_PACKAGES.get(dist)
+    if package is not None:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            folders.append(os.path.dirname(next(iter(spec.submodule_search_locations))))
+    for folder in (*folders, *sys.path):
+        version = _dist_infos(folder).get(norm)
+        if version is not None:
+            return version
+    try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "not-installed"
+
+
+def _arch_sources(folder: str, rel: str = "") -> list[tuple[str, str]]:
+    """(relative posix path, path) of every *.py under folder, outside __pycache__."""
+    found = []
+    with os.scandir(folder) as entries:
+        for e in entries:
+            if e.is_dir():
+                if e.name != "__pycache__":
+                    found += _arch_sources(e.path, f"{rel}{e.name}/")
+            elif e.name.endswith(".py"):
+                found.append((rel + e.name, e.path))
+    return found
 
 
 def _cute_attn_version() -> str:
@@ -334,11 +368,10 @@ def source_fingerprint() -> str:
         logger.warning("cute_attn cache: kernel sources not found; fingerprint omits them")
         h.update(b"arch:missing\0")
     else:
-        for path in sorted(arch.rglob("*.py"), key=lambda p: p.relative_to(arch).as_posix()):
-            if "__pycache__" in path.parts:
-                continue
-            h.update(path.relative_to(arch).as_posix().encode() + b"\0")
-            h.update(path.read_bytes() + b"\0")
+        for rel, path in sorted(_arch_sources(str(arch))):
+            h.update(rel.encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read() + b"\0")
     for part in (
         "nvidia-cutlass-dsl=" + _dist_version("nvidia-cutlass-dsl"),
         "apache-tvm-ffi=" + _dist_version("apache-tvm-ffi"),
@@ -728,8 +761,10 @@ def compiled_cache(
     returning None marks the entry corrupt (it is deleted and rebuilt).
 
     The defaults use TVM-FFI export: `compiled.export_to_c(object_file_path=f"{base}.o",
-    function_name=...)` and `cutlass.cute.runtime.load_module(f"{base}.o",
-    enable_tvm_ffi=True)[function_name]`; compile with `options="--enable-tvm-ffi"`. A loaded
+    function_name=...)`, linked into `{base}.so` where a C compiler is found, and on a hit
+    `tvm_ffi.load_module(f"{base}.so")[function_name]` (no cutlass import), else
+    `cutlass.cute.runtime.load_module(f"{base}.o", enable_tvm_ffi=True)[function_name]`;
+    compile with `options="--enable-tvm-ffi"`. A loaded
     entry is a positional-only `tvm_ffi.Function`, not the `cute.compile` result class. If
     export fails (not a TVM-FFI function), that is logged once and entries stay memory-only.
     """

@@ -25,6 +25,11 @@ import sys
 
 import torch
 
+# Imported with the module, not at the first disk hit: a compiled kernel is a tvm_ffi.Function,
+# and this import (~60 ms on the H200 host: it loads cuda.bindings and ml_dtypes) would be
+# most of a fresh process's first call.
+import tvm_ffi  # noqa: F401
+
 from .arch.common.features import InputFeatures
 from .arch.sm90.tile_config import (
     SUPPORTED_HEAD_DIMS,

@@ -268,6 +268,19 @@ def test_disk_cache_disabled_writes_nothing(monkeypatch, tmp_path):
     assert disk_entries() == []
 
 
+def test_host_layer_imports_without_cutlass():
+    # a disk hit must not pay the DSL's import: nothing the entry points import may pull it in
+    code = (
+        "import sys, cute_attn\n"
+        "from cute_attn import api, bwd_sm90, cache, fwd_sm90, inference\n"
+        "assert cute_attn.flash_attn_func is api.flash_attn_func\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cutlass'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
 def test_cache_dir_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("CUTE_ATTN_CACHE_DIR", raising=False)
     monkeypatch.delenv("CUTE_ATTN_DISK_CACHE", raising=False)
