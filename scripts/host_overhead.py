@@ -95,7 +95,7 @@ def _breakdown(q, k, v) -> dict:
     }
     # the same call through the two yardsticks, timed alike in this process (host
     # speed differs between machines: compare within one run)
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # its (B, H, S, D)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     pieces["torch SDPA (is_causal, default backend)"] = lambda: sdpa(qt, kt, vt, is_causal=True)
     try:
