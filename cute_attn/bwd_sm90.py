@@ -24,7 +24,7 @@ import torch
 
 from . import dispatch, reference
 from .arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
-from .cache import KernelKey, compiled_cache
+from .cache import KernelKey, compiled_cache, export_only
 from .fwd_sm90 import (
     ARCH,
     Sm90Key,
@@ -70,9 +70,10 @@ class BwdAuxKey(KernelKey):
 def build_bwd_aux(key: BwdAuxKey):
     from .arch.sm90 import compile as c  # imports cutlass: only when building
 
+    engine = not export_only()
     if key.kind == "pre":
-        return c.compile_bwd_preprocess(key.dtype, key.head_dim, key.head_dim_v)
-    return c.compile_bwd_postprocess(key.dtype, key.head_dim)
+        return c.compile_bwd_preprocess(key.dtype, key.head_dim, key.head_dim_v, jit_engine=engine)
+    return c.compile_bwd_postprocess(key.dtype, key.head_dim, jit_engine=engine)
 
 
 @functools.lru_cache(maxsize=64)
@@ -86,7 +87,7 @@ def build_bwd(key: BwdKey):
 
     fields = {f.name for f in dataclasses.fields(BwdSpec)} - {"config", "features"}
     spec = BwdSpec(**{name: getattr(key, name) for name in fields}, config=BwdTileConfig(*key.tile))
-    return compile_bwd(spec, _artifact_options())
+    return compile_bwd(spec, _artifact_options(), jit_engine=not export_only())
 
 
 def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:

@@ -12,7 +12,8 @@ batch or sequence lengths, never tensors). The decorated function returns
 2. the artifact saved on disk by an earlier process (a TVM-FFI shared object opened by
    `tvm_ffi.load_module`, a few ms and no cutlass import; else the object file, JIT-linked by
    the DSL after its ~0.6 s import), else
-3. a fresh build, which is then saved to disk for the next process.
+3. a fresh build, which is then saved to disk for the next process (and, with the default
+   hooks, loaded back from that save: see `export_only`).
 
 On-disk layout
 --------------
@@ -87,6 +88,7 @@ export/load round trip, which takes a few seconds on the CPU).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -121,6 +123,7 @@ __all__ = [
     "clear_memory_cache",
     "compiled_cache",
     "disk_entries",
+    "export_only",
     "source_fingerprint",
 ]
 
@@ -445,6 +448,25 @@ def _link_shared(obj: pathlib.Path, out: pathlib.Path) -> bool:
     return True
 
 
+_EXPORT_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cute_attn_export_only", default=False
+)
+
+
+def export_only() -> bool:
+    """True while a builder runs whose result the cache will only export: it saves the result
+    and then loads the saved shared object back, never calling what the builder returned. A
+    builder may then skip the DSL's in-process execution engine (`no_jit_engine`), about 0.6 s
+    of a D=128 forward build on the CPU. False everywhere else (the result must be callable)."""
+    return _EXPORT_ONLY.get()
+
+
+def _exportable() -> bool:
+    """Whether a fresh build can go straight to a loadable shared object (the default hooks
+    with a C compiler, shared objects not turned off)."""
+    return _shared_lib_enabled() and _c_compiler() is not None
+
+
 def _tvm_ffi_hooks(name: str):
     """Save: the TVM-FFI object file, plus (where a C compiler links it) the same code as a
     shared object. Load: the shared object through `tvm_ffi.load_module`, which needs neither
@@ -553,8 +575,11 @@ def _unlink_quietly(path: pathlib.Path) -> None:
 class _Cache:
     """State of one decorated builder. The hot path lives in the wrapper closure."""
 
-    def __init__(self, name: str, build: Callable, save: Callable, load: Callable):
+    def __init__(
+        self, name: str, build: Callable, save: Callable, load: Callable, default_hooks: bool
+    ):
         self.name = name
+        self.default_hooks = default_hooks
         self.dir_name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
         self.build = build
         self.save = save
@@ -591,8 +616,7 @@ class _Cache:
                 with _FileLock(entry.with_name(entry.name + ".lock"), self.name):
                     value = self._load(entry, key)
                     if value is _MISSING:
-                        value, seconds = self._build(key)
-                        self._save(entry, key, value, seconds)
+                        value = self._build_and_save(entry, key)
             self.memory[key] = value
             return value
 
@@ -614,9 +638,34 @@ class _Cache:
             return None
         return folder
 
-    def _build(self, key: KernelKey) -> tuple[Any, float]:
+    def _build_and_save(self, entry: pathlib.Path, key: KernelKey) -> Any:
+        if not (self.default_hooks and _exportable()):
+            value, seconds = self._build(key)
+            self._save(entry, key, value, seconds)
+            return value
+        # The build only has to be exportable: save it, then load the saved shared object
+        # (what every later process does too), so the DSL need not build an execution engine.
+        value, seconds = self._build(key, export=True)
+        self._save(entry, key, value, seconds)
+        loaded = self._load(entry, key, count=False)
+        if loaded is not _MISSING:
+            return loaded
+        _warn_once(
+            (self.name, "reload"),
+            "cute_attn cache: could not load the entry %s just saved; building %r again with "
+            "an in-process engine",
+            entry,
+            self.name,
+        )
+        return self._build(key)[0]
+
+    def _build(self, key: KernelKey, export: bool = False) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        value = self.build(key)
+        token = _EXPORT_ONLY.set(export)
+        try:
+            value = self.build(key)
+        finally:
+            _EXPORT_ONLY.reset(token)
         seconds = time.perf_counter() - t0
         if value is None:
             raise TypeError(f"compiled_cache({self.name!r}): build returned None for {key!r}")
@@ -638,7 +687,9 @@ class _Cache:
             "fields": json.loads(json.dumps(key.fields_dict())),
         }
 
-    def _load(self, entry: pathlib.Path, key: KernelKey) -> Any:
+    def _load(self, entry: pathlib.Path, key: KernelKey, count: bool = True) -> Any:
+        """The entry's value, or _MISSING. `count`: a disk hit in the stats (False for the
+        load right after a build, which stays a miss)."""
         sidecar = entry.with_name(entry.name + ".json")
         if not sidecar.exists():
             return _MISSING
@@ -666,8 +717,9 @@ class _Cache:
             )
             self._delete(entry)
             return _MISSING
-        self.disk_hits += 1
-        self.load_seconds += time.perf_counter() - t0
+        if count:
+            self.disk_hits += 1
+            self.load_seconds += time.perf_counter() - t0
         return value
 
     def _delete(self, entry: pathlib.Path) -> None:
@@ -764,17 +816,21 @@ def compiled_cache(
     function_name=...)`, linked into `{base}.so` where a C compiler is found, and on a hit
     `tvm_ffi.load_module(f"{base}.so")[function_name]` (no cutlass import), else
     `cutlass.cute.runtime.load_module(f"{base}.o", enable_tvm_ffi=True)[function_name]`;
-    compile with `options="--enable-tvm-ffi"`. A loaded
+    compile with `options="--enable-tvm-ffi"`. With the defaults and a C compiler, a fresh
+    build is saved and then loaded back from its `.so`, so the builder's own result is never
+    called: `export_only()` is True inside such a build, and a builder may pass
+    `no_jit_engine=True` to `cute.compile` (no in-process engine: ~0.6 s less). A loaded
     entry is a positional-only `tvm_ffi.Function`, not the `cute.compile` result class. If
     export fails (not a TVM-FFI function), that is logged once and entries stay memory-only.
     """
     if (save is None) != (load is None):
         raise ValueError("compiled_cache: give both save and load, or neither")
-    if save is None:
+    default_hooks = save is None
+    if default_hooks:
         save, load = _tvm_ffi_hooks(name)
 
     def decorate(build: Callable[[KernelKey], Any]) -> Callable[[KernelKey], Any]:
-        cache = _Cache(name, build, save, load)
+        cache = _Cache(name, build, save, load, default_hooks)
         if name in _REGISTRY:
             logger.debug("cute_attn cache: re-registering %r (module reload?)", name)
         _REGISTRY[name] = cache

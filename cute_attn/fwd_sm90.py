@@ -40,7 +40,7 @@ from .arch.sm90.tile_config import (
     fwd_tile_config,
     paged_tile_n,
 )
-from .cache import KernelKey, compiled_cache
+from .cache import KernelKey, compiled_cache, export_only
 from .problem import AttnProblem
 
 ARCH = "sm_90a"
@@ -166,7 +166,7 @@ def build_fwd(key: FwdKey):
         config=FwdTileConfig(*key.tile),
         features=InputFeatures(*key.features),
     )
-    return compile_fwd(spec, _artifact_options())
+    return compile_fwd(spec, _artifact_options(), jit_engine=not export_only())
 
 
 def _artifact_options() -> str:
@@ -182,7 +182,9 @@ def _artifact_options() -> str:
 def build_combine(key: CombineKey):
     from .arch.sm90.compile import compile_split_combine
 
-    return compile_split_combine(key.dtype, key.head_dim_v, _artifact_options())
+    return compile_split_combine(
+        key.dtype, key.head_dim_v, _artifact_options(), jit_engine=not export_only()
+    )
 
 
 @compiled_cache("sm90_index_check")
@@ -190,7 +192,7 @@ def build_index_check(key: IndexCheckKey):
     from .arch.sm90.compile import compile_index_check
 
     present = {f.name: getattr(key, f.name) for f in dataclasses.fields(key) if f.name != "arch"}
-    return compile_index_check(_artifact_options(), **present)
+    return compile_index_check(_artifact_options(), jit_engine=not export_only(), **present)
 
 
 @functools.lru_cache(maxsize=64)

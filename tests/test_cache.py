@@ -403,9 +403,10 @@ import cutlass
 import cutlass.cute as cute
 from cuda.bindings import driver as cuda
 
-from cute_attn.cache import KernelKey, cache_stats, compiled_cache, disk_entries
+from cute_attn.cache import KernelKey, cache_stats, compiled_cache, disk_entries, export_only
 
 mode, out_path = sys.argv[1], sys.argv[2]
+seen = []
 
 
 @cute.kernel
@@ -439,7 +440,10 @@ def build(key):
     n = cute.sym_int()
     fakes = [cute.runtime.make_fake_compact_tensor(cutlass.Float32, (n,)) for _ in range(3)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(add, *fakes, key.block, stream, options="--enable-tvm-ffi")
+    seen.append(export_only())
+    # as the library's builders do: no in-process engine when the cache only exports the result
+    return cute.compile(add, *fakes, key.block, stream, options="--enable-tvm-ffi",
+                        no_jit_engine=export_only())
 
 
 t0 = time.perf_counter()
@@ -460,6 +464,7 @@ json.dump(
         "call_error": call_error,
         "stats": cache_stats("dsl_add"),
         "entries": len(disk_entries("dsl_add")),
+        "export_only": seen,
     },
     open(out_path, "w"),
 )
@@ -537,6 +542,11 @@ def test_real_cute_dsl_export_and_load_round_trip(tmp_path):
     # the shared object needs a C compiler to link it; CI's machine has one
     linked = cache_mod._c_compiler() is not None
     assert suffixes == [".json", ".lock", ".o"] + [".so"] * linked
+
+    # with a shared object the build made no engine: what it returned is the saved .so, loaded
+    assert built["export_only"] == [linked]
+    if linked:
+        assert built["type"] == "tvm_ffi.core.Function"
 
     # fresh processes: each must come from disk, never from build()
     loaded = run(script, "load")

@@ -90,7 +90,16 @@ def _fake_int32_vector():
     return cute.runtime.make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
 
 
-def compile_fwd(spec: FwdSpec, options: str = ""):
+def _compile(kernel, *args, options: str, jit_engine: bool):
+    """cute.compile with the TVM-FFI entry point. With `jit_engine` False the DSL builds no
+    in-process execution engine (about 0.6 s of a D=128 build on the CPU): the result cannot
+    be called, only exported (`export_to_c`), which is what the host's disk cache does before
+    it loads the exported code itself."""
+    extra = {} if jit_engine else {"no_jit_engine": True}
+    return cute.compile(kernel, *args, options=("--enable-tvm-ffi " + options).strip(), **extra)
+
+
+def compile_fwd(spec: FwdSpec, options: str = "", jit_engine: bool = True):
     feats = spec.features
     kernel = FlashFwdSm90(*_kernel_args(spec), feats)
     b, sq = cute.sym_int(), cute.sym_int()
@@ -115,15 +124,14 @@ def compile_fwd(spec: FwdSpec, options: str = ""):
         )  # fmt: skip
     order = _fake_int32_vector() if feats.batch_order else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = ("--enable-tvm-ffi " + options).strip()
-    return cute.compile(
+    return _compile(
         kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0),
         cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, page_table, order,
-        stream, options=opts,
+        stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 
-def compile_bwd(spec: BwdSpec, options: str = ""):
+def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     """TVM-FFI function (q, k, v, dout, lse_log2, dsum, dq_accum, dk, dv, sem,
     softmax_scale_log2, score_premul, softmax_scale, window_left, window_right); lse_log2 and
     dsum are padded to a multiple of tile_m rows, dk / dv are per query head, sem is a zeroed
@@ -143,15 +151,16 @@ def compile_bwd(spec: BwdSpec, options: str = ""):
         cutlass.Int32, (cute.sym_int(), h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4
     )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = ("--enable-tvm-ffi " + options).strip()
-    return cute.compile(
+    return _compile(
         kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt, sem,
         cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
-        cutlass.Int32(0), cutlass.Int32(0), stream, options=opts,
+        cutlass.Int32(0), cutlass.Int32(0), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 
-def compile_bwd_preprocess(dtype_name: str, head_dim: int, head_dim_v: int, options: str = ""):
+def compile_bwd_preprocess(
+    dtype_name: str, head_dim: int, head_dim_v: int, options: str = "", jit_engine: bool = True
+):
     """TVM-FFI function (out, dout, lse, lse_log2, dsum, dq_accum); see BwdPreprocess."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -159,27 +168,31 @@ def compile_bwd_preprocess(dtype_name: str, head_dim: int, head_dim_v: int, opti
     do = _fake_bshd(dtype, h, head_dim_v, b, sq)
     dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(
+    return _compile(
         BwdPreprocess(dtype, head_dim, head_dim_v), o, do, _fake_rows(b, h, sq),
         _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, stream,
-        options=("--enable-tvm-ffi " + options).strip(),
+        options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 
-def compile_bwd_postprocess(dtype_name: str, head_dim: int, options: str = ""):
+def compile_bwd_postprocess(
+    dtype_name: str, head_dim: int, options: str = "", jit_engine: bool = True
+):
     """TVM-FFI function (dq_accum, dq, softmax_scale); see BwdPostprocess."""
     dtype = DTYPES[dtype_name]
     b, sq, h = cute.sym_int(), cute.sym_int(), cute.sym_int()
     dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(
+    return _compile(
         BwdPostprocess(dtype, head_dim), dq_acc, dq, cutlass.Float32(1.0), stream,
-        options=("--enable-tvm-ffi " + options).strip(),
+        options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 
-def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = "", **knobs):
+def compile_split_combine(
+    dtype_name: str, head_dim_v: int, options: str = "", jit_engine: bool = True, **knobs
+):
     """TVM-FFI function (o_part, lse_part, out, lse); see SplitCombine (knobs: its
     split_unroll / use_pdl, defaults as the library runs it). All four compact."""
     b, s, h, splits = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -193,14 +206,14 @@ def compile_split_combine(dtype_name: str, head_dim_v: int, options: str = "", *
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     kernel = SplitCombine(DTYPES[dtype_name], head_dim_v, **knobs)
-    return cute.compile(
+    return _compile(
         kernel, compact(f32, (splits, b, s, h, head_dim_v)),
         compact(f32, (splits, b, h, s), 4), compact(DTYPES[dtype_name], (b, s, h, head_dim_v)),
-        compact(f32, (b, h, s), 4), stream, options=("--enable-tvm-ffi " + options).strip(),
+        compact(f32, (b, h, s), 4), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 
-def compile_index_check(options: str = "", **present):
+def compile_index_check(options: str = "", jit_engine: bool = True, **present):
     """TVM-FFI function (flags, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
     cache_batch_idx, page_table, total_q, total_k, capacity, max_q, max_k, batch_cache,
     page_size, num_pages); see IndexCheck, whose keyword flags `present` passes on (which
@@ -226,7 +239,6 @@ def compile_index_check(options: str = "", **present):
     ]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     scalars = [cutlass.Int32(0)] * 8
-    return cute.compile(
-        kernel, vector(b), *tensors, *scalars, stream,
-        options=("--enable-tvm-ffi " + options).strip(),
+    return _compile(
+        kernel, vector(b), *tensors, *scalars, stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
