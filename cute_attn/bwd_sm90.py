@@ -66,7 +66,7 @@ class BwdAuxKey(KernelKey):
     head_dim_v: int
 
 
-@compiled_cache("sm90_bwd_aux")
+@compiled_cache("sm90_bwd_aux", exportable=True)
 def build_bwd_aux(key: BwdAuxKey):
     from .arch.sm90 import compile as c  # imports cutlass: only when building
 
@@ -81,7 +81,7 @@ def _aux_keys(arch: str, dtype: str, d: int, dv: int) -> tuple[BwdAuxKey, BwdAux
     return BwdAuxKey(arch, "pre", dtype, d, dv), BwdAuxKey(arch, "post", dtype, d, dv)
 
 
-@compiled_cache("sm90_bwd")
+@compiled_cache("sm90_bwd", exportable=True)
 def build_bwd(key: BwdKey):
     from .arch.sm90.compile import BwdSpec, compile_bwd  # imports cutlass: only when building
 

@@ -12,8 +12,8 @@ batch or sequence lengths, never tensors). The decorated function returns
 2. the artifact saved on disk by an earlier process (a TVM-FFI shared object opened by
    `tvm_ffi.load_module`, a few ms and no cutlass import; else the object file, JIT-linked by
    the DSL after its ~0.6 s import), else
-3. a fresh build, which is then saved to disk for the next process (and, with the default
-   hooks, loaded back from that save: see `export_only`).
+3. a fresh build, which is then saved to disk for the next process (and, for builders
+   declared `exportable`, loaded back from that save: see `export_only`).
 
 On-disk layout
 --------------
@@ -454,16 +454,30 @@ _EXPORT_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 def export_only() -> bool:
-    """True while a builder runs whose result the cache will only export: it saves the result
-    and then loads the saved shared object back, never calling what the builder returned. A
-    builder may then skip the DSL's in-process execution engine (`no_jit_engine`), about 0.6 s
-    of a D=128 forward build on the CPU. False everywhere else (the result must be callable)."""
+    """True while a builder declared `compiled_cache(..., exportable=True)` runs and its result
+    will only be exported: the cache saves it and loads the saved shared object back, never
+    calling what the builder returned. The builder may then skip the DSL's in-process
+    execution engine (`no_jit_engine`), about 0.6 s of a D=128 forward build on the CPU. False
+    everywhere else (the result must be callable)."""
     return _EXPORT_ONLY.get()
 
 
+def _keep_artifacts(built: Any, loaded: Any) -> None:
+    """The PTX and cubin a build kept (`--keep-ptx` / `--keep-cubin`: `cute_attn.aot` and the
+    compile tests read the SASS off them) stay readable on the loaded function that replaces
+    the build."""
+    for name in ("__ptx__", "__cubin__"):
+        try:
+            artifact = getattr(built, name, None)
+        except Exception:  # noqa: BLE001 - an artifact that was not kept
+            artifact = None
+        if artifact:
+            setattr(loaded, name, artifact)
+
+
 def _exportable() -> bool:
-    """Whether a fresh build can go straight to a loadable shared object (the default hooks
-    with a C compiler, shared objects not turned off)."""
+    """Whether a fresh build can go straight to a loadable shared object (a C compiler, shared
+    objects not turned off)."""
     return _shared_lib_enabled() and _c_compiler() is not None
 
 
@@ -576,10 +590,10 @@ class _Cache:
     """State of one decorated builder. The hot path lives in the wrapper closure."""
 
     def __init__(
-        self, name: str, build: Callable, save: Callable, load: Callable, default_hooks: bool
+        self, name: str, build: Callable, save: Callable, load: Callable, exportable: bool
     ):
         self.name = name
-        self.default_hooks = default_hooks
+        self.exportable = exportable  # the builder honors export_only() (default hooks only)
         self.dir_name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
         self.build = build
         self.save = save
@@ -639,7 +653,7 @@ class _Cache:
         return folder
 
     def _build_and_save(self, entry: pathlib.Path, key: KernelKey) -> Any:
-        if not (self.default_hooks and _exportable()):
+        if not (self.exportable and _exportable()):
             value, seconds = self._build(key)
             self._save(entry, key, value, seconds)
             return value
@@ -649,6 +663,7 @@ class _Cache:
         self._save(entry, key, value, seconds)
         loaded = self._load(entry, key, count=False)
         if loaded is not _MISSING:
+            _keep_artifacts(value, loaded)
             return loaded
         _warn_once(
             (self.name, "reload"),
@@ -801,6 +816,7 @@ def compiled_cache(
     *,
     save: Callable[[Any, pathlib.Path, KernelKey], list[pathlib.Path]] | None = None,
     load: Callable[[pathlib.Path, KernelKey], Any] | None = None,
+    exportable: bool = False,
 ) -> Callable[[Callable[[KernelKey], Any]], Callable[[KernelKey], Any]]:
     """Decorator for `build(key: KernelKey) -> compiled`: memory cache plus on-disk cache.
 
@@ -816,21 +832,23 @@ def compiled_cache(
     function_name=...)`, linked into `{base}.so` where a C compiler is found, and on a hit
     `tvm_ffi.load_module(f"{base}.so")[function_name]` (no cutlass import), else
     `cutlass.cute.runtime.load_module(f"{base}.o", enable_tvm_ffi=True)[function_name]`;
-    compile with `options="--enable-tvm-ffi"`. With the defaults and a C compiler, a fresh
-    build is saved and then loaded back from its `.so`, so the builder's own result is never
-    called: `export_only()` is True inside such a build, and a builder may pass
-    `no_jit_engine=True` to `cute.compile` (no in-process engine: ~0.6 s less). A loaded
+    compile with `options="--enable-tvm-ffi"`. `exportable=True` (default hooks only) declares
+    that the builder honors `export_only()`: with a C compiler, a fresh build is then saved
+    and loaded back from its `.so`, the builder's own result is never called, and the builder
+    may pass `no_jit_engine=True` to `cute.compile` (no in-process engine: ~0.6 s less); if
+    that save or reload fails, it builds again with the engine. A loaded
     entry is a positional-only `tvm_ffi.Function`, not the `cute.compile` result class. If
     export fails (not a TVM-FFI function), that is logged once and entries stay memory-only.
     """
     if (save is None) != (load is None):
         raise ValueError("compiled_cache: give both save and load, or neither")
-    default_hooks = save is None
-    if default_hooks:
+    if save is None:
         save, load = _tvm_ffi_hooks(name)
+    elif exportable:
+        raise ValueError("compiled_cache: exportable=True needs the default save/load hooks")
 
     def decorate(build: Callable[[KernelKey], Any]) -> Callable[[KernelKey], Any]:
-        cache = _Cache(name, build, save, load, default_hooks)
+        cache = _Cache(name, build, save, load, exportable)
         if name in _REGISTRY:
             logger.debug("cute_attn cache: re-registering %r (module reload?)", name)
         _REGISTRY[name] = cache

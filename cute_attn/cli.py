@@ -96,6 +96,18 @@ def collect_info() -> dict:
         info["cache_dir"], info["cache_entries"] = c
     else:
         info["cache_dir"], info["cache_entries"] = c, None
+
+    def shared_objects():
+        from cute_attn import cache as c
+
+        if not c._shared_lib_enabled():
+            return "off (CUTE_ATTN_SHARED_LIB)"
+        cc = c._c_compiler()
+        if cc is None:
+            return "no C compiler: disk hits load object files through the DSL"
+        return f"linked with {cc}: disk hits load them without the DSL"
+
+    info["shared_objects"] = _guard(shared_objects)
     return info
 
 
@@ -118,6 +130,7 @@ def cmd_info(args) -> int:
         ("dispatch", info["dispatch_reason"] or "-"),
         ("cache dir", info["cache_dir"] or "none (disk cache off)"),
         ("cache entries", "-" if info["cache_entries"] is None else str(info["cache_entries"])),
+        ("shared objects", str(info["shared_objects"])),
     ]
     width = max(len(k) for k, _ in labels)
     for k, v in labels:

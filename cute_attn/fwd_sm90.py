@@ -156,7 +156,7 @@ def _ensure_dsl_arch(arch: str) -> None:
 _ensure_dsl_arch(ARCH)
 
 
-@compiled_cache("sm90_fwd")
+@compiled_cache("sm90_fwd", exportable=True)
 def build_fwd(key: FwdKey):
     from .arch.sm90.compile import FwdSpec, compile_fwd  # imports cutlass: only when building
 
@@ -178,7 +178,7 @@ def _artifact_options() -> str:
     return ""
 
 
-@compiled_cache("sm90_combine")
+@compiled_cache("sm90_combine", exportable=True)
 def build_combine(key: CombineKey):
     from .arch.sm90.compile import compile_split_combine
 
@@ -187,7 +187,7 @@ def build_combine(key: CombineKey):
     )
 
 
-@compiled_cache("sm90_index_check")
+@compiled_cache("sm90_index_check", exportable=True)
 def build_index_check(key: IndexCheckKey):
     from .arch.sm90.compile import compile_index_check
 

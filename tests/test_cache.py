@@ -309,10 +309,16 @@ def test_default_tvm_ffi_save_failure_is_memory_only_and_logged_once(caplog):
         a = fn(_key())
         b = fn(_key(head_dim=64))
     assert fn(_key()) is a and fn(_key(head_dim=64)) is b
+    assert len(calls) == 2  # one build per key: a builder not declared exportable is kept as is
     warnings = [r for r in caplog.records if "cannot save" in r.getMessage()]
     assert len(warnings) == 1
     assert [f for f in _entry_files(name) if not f.endswith(".lock")] == []
     assert disk_entries(name) == []
+
+
+def test_exportable_needs_the_default_hooks():
+    with pytest.raises(ValueError, match="exportable"):
+        compiled_cache("x", save=lambda *a: [], load=lambda *a: None, exportable=True)
 
 
 def test_stats_totals_and_unknown_name():
@@ -433,7 +439,7 @@ class AddKey(KernelKey):
     block: int
 
 
-@compiled_cache("dsl_add")
+@compiled_cache("dsl_add", exportable=True)
 def build(key):
     if mode != "build":
         raise AssertionError("the load phases must not build")

@@ -57,7 +57,7 @@ def test_info_text(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     for label in ("cute_attn", "torch", "nvidia-cutlass-dsl", "apache-tvm-ffi", "device",
-                  "kernels", "cache dir", "cache entries"):  # fmt: skip
+                  "kernels", "cache dir", "cache entries", "shared objects"):  # fmt: skip
         assert any(line.startswith(label + " ") for line in out.splitlines()), label
     assert torch.__version__ in out
 
