@@ -401,7 +401,32 @@ def test_processes_race_on_one_key_build_once(tmp_path):
 # real CuTe DSL export / load (CPU only: compile for sm_90a, never launch)
 # ---------------------------------------------------------------------------------------------
 
-_DSL_SCRIPT = """
+# The end of both scripts below: get the kernel through the cache, call it with host arrays (the
+# real TVM-FFI entry point rejects them before any launch), and report to the file in argv[2].
+_CALL_AND_REPORT = """
+t0 = time.perf_counter()
+fn = build(AddKey("float32", 128))
+seconds = time.perf_counter() - t0
+import numpy as np
+x = np.zeros(16, np.float32)
+try:
+    fn(x, x, x)
+    call_error = None
+except Exception as e:
+    call_error = f"{type(e).__name__}: {e}"
+report = {
+    "seconds": seconds,
+    "type": f"{type(fn).__module__}.{type(fn).__qualname__}",
+    "callable": callable(fn),
+    "call_error": call_error,
+    "stats": cache_stats("dsl_add"),
+    "cutlass_imported": "cutlass" in sys.modules,
+}
+json.dump({**report, **extra()}, open(sys.argv[2], "w"))
+"""
+
+_DSL_SCRIPT = (
+    """
 import dataclasses, json, os, sys, time
 
 assert os.environ["CUTE_DSL_ARCH"] == "sm_90a"
@@ -411,7 +436,7 @@ from cuda.bindings import driver as cuda
 
 from cute_attn.cache import KernelKey, cache_stats, compiled_cache, disk_entries, export_only
 
-mode, out_path = sys.argv[1], sys.argv[2]
+mode = sys.argv[1]
 seen = []
 
 
@@ -452,33 +477,16 @@ def build(key):
                         no_jit_engine=export_only())
 
 
-t0 = time.perf_counter()
-fn = build(AddKey("float32", 128))
-seconds = time.perf_counter() - t0
-import numpy as np
-x = np.zeros(16, np.float32)
-try:
-    fn(x, x, x)  # host arrays: the real TVM-FFI entry point rejects them before any launch
-    call_error = None
-except Exception as e:
-    call_error = f"{type(e).__name__}: {e}"
-json.dump(
-    {
-        "seconds": seconds,
-        "type": f"{type(fn).__module__}.{type(fn).__qualname__}",
-        "callable": callable(fn),
-        "call_error": call_error,
-        "stats": cache_stats("dsl_add"),
-        "entries": len(disk_entries("dsl_add")),
-        "export_only": seen,
-    },
-    open(out_path, "w"),
-)
+def extra():
+    return {"entries": len(disk_entries("dsl_add")), "export_only": seen}
 """
+    + _CALL_AND_REPORT
+)
 
 
 # A fresh process that loads the entry above without the DSL: same key class, no cutlass import.
-_BARE_SCRIPT = """
+_BARE_SCRIPT = (
+    """
 import dataclasses, json, sys, time
 
 import tvm_ffi  # noqa: F401  (imports torch when installed: a user's process has both already)
@@ -497,27 +505,11 @@ def build(key):
     raise AssertionError("the bare load must not build")
 
 
-t0 = time.perf_counter()
-fn = build(AddKey("float32", 128))
-seconds = time.perf_counter() - t0
-import numpy as np
-x = np.zeros(16, np.float32)
-try:
-    fn(x, x, x)
-    call_error = None
-except Exception as e:
-    call_error = f"{type(e).__name__}: {e}"
-json.dump(
-    {
-        "seconds": seconds,
-        "type": f"{type(fn).__module__}.{type(fn).__qualname__}",
-        "call_error": call_error,
-        "stats": cache_stats("dsl_add"),
-        "cutlass_imported": "cutlass" in sys.modules,
-    },
-    open(sys.argv[2], "w"),
-)
+def extra():
+    return {}
 """
+    + _CALL_AND_REPORT
+)
 
 
 @pytest.mark.compile
@@ -563,7 +555,7 @@ def test_real_cute_dsl_export_and_load_round_trip(tmp_path):
         assert not results[-1]["cutlass_imported"]  # the disk hit skipped the DSL entirely
     for result in results[1:]:
         assert result["stats"]["disk_hits"] == 1 and result["stats"]["misses"] == 0
-        assert result["type"] == "tvm_ffi.core.Function"
+        assert result["type"] == "tvm_ffi.core.Function" and result["callable"]
     # The loaded symbol is the real kernel entry: it checks its signature and device.
     for result in results:
         assert "cuda" in result["call_error"], result["call_error"]
