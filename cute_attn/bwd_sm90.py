@@ -95,11 +95,16 @@ def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:
 
 
 def bwd_kernel_note(p: AttnProblem) -> str | None:
-    """What `last_backward_dispatch().reason` adds about the variant: the padded head dim."""
-    pad = BwdTileConfig(*bwd_key(p).tile).padded_head_dim
-    if pad:
-        return f"head dim {p.head_dim} on the D={pad} tiles, columns past {p.head_dim} zero-filled"
-    return None
+    """What `last_backward_dispatch().reason` adds about the variant: padded head dims."""
+    dims = (p.head_dim, p.head_dim_v)
+    tile = BwdTileConfig(*bwd_key(p).tile).tile_head_dims(*dims)
+    if tile == dims:
+        return None
+    if p.head_dim == p.head_dim_v:
+        return (
+            f"head dim {p.head_dim} on the D={tile[0]} tiles, columns past {p.head_dim} zero-filled"
+        )
+    return f"head dims {dims} on {tile} tiles, columns past each zero-filled"
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,8 @@ def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
 
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 300), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
-HEAD_DIMS = [(64, 64), (96, 96), (128, 128)]  # 96: the D=128 tiles, zero-padded
+# 96: the D=128 tiles, zero-padded; past 128 the swapped dK / dV tiles (192 padded to 256)
+HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 
 
 @pytest.mark.gpu
@@ -80,6 +81,17 @@ def test_bwd_sweep(dtype, d, dv, sq, sk, mode):
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_gqa_windows(h, hkv, window, causal):
     _check(*_inputs(3, 300, 457, h, hkv, 128, 128, torch.bfloat16), causal=causal,
+           window_size=window)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,dv", [(192, 128), (256, 256)])
+@pytest.mark.parametrize("h,hkv", [(6, 3), (6, 1)])
+@pytest.mark.parametrize("window", [(None, None), (64, None), (5, -1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_wide_gqa_windows(d, dv, h, hkv, window, causal):
+    # the swapped dK / dV tiles under GQA / MQA, windows and a window with a negative bound
+    _check(*_inputs(2, 300, 457, h, hkv, d, dv, torch.bfloat16), causal=causal,
            window_size=window)  # fmt: skip
 
 
@@ -147,7 +159,7 @@ def test_bwd_only_lse_used():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (100, 30)}, {}])
 @pytest.mark.parametrize("sq,sk", [(300, 457), (457, 300)])
 def test_bwd_deterministic_matches_reference(d, kw, sq, sk):
@@ -156,9 +168,10 @@ def test_bwd_deterministic_matches_reference(d, kw, sq, sk):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_bwd_deterministic_bitwise_over_20_runs(causal):
+@pytest.mark.parametrize("d", [128, 256])
+def test_bwd_deterministic_bitwise_over_20_runs(causal, d):
     # long enough that many key tiles add into each query tile's dQ (where order matters)
-    q, k, v, dout = _inputs(2, 2048, 2048, 4, 2, 128, 128, torch.bfloat16)
+    q, k, v, dout = _inputs(2, 2048, 2048, 4, 2, d, d, torch.bfloat16)
     kw = dict(causal=causal, deterministic=True)
     first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
     assert last_backward_dispatch().impl == "sm90_bwd"
@@ -172,7 +185,7 @@ def test_bwd_deterministic_bitwise_over_20_runs(causal):
 def test_bwd_unserved_head_dim_falls_back_to_reference():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        _check(*_inputs(1, 70, 90, 2, 1, 256, 256, torch.bfloat16), causal=True,
+        _check(*_inputs(1, 70, 90, 2, 1, 80, 80, torch.bfloat16), causal=True,
                expect="reference")  # fmt: skip
 
 

@@ -403,21 +403,32 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
 
 
 def test_backward_reason_names_the_padded_head_dim(fake_arch):
-    # D=96 runs the D=128 backward tiles over zero-filled columns: the record says so
+    # D=96 runs the D=128 backward tiles over zero-filled columns, 192 the 256 ones: the
+    # record says so
     from cute_attn import bwd_sm90
 
     fake_arch("sm_90a")
-    for d, note in ((96, "head dim 96 on the D=128 tiles"), (128, None)):
-        p = dataclasses.replace(BASE, head_dim=d, head_dim_v=d, softmax_scale=d**-0.5)
+    cases = (
+        (96, 96, "head dim 96 on the D=128 tiles"),
+        (128, 128, None),
+        (192, 192, "head dim 192 on the D=256 tiles"),
+        (192, 128, "head dims (192, 128) on (256, 128) tiles"),
+        (256, 256, None),
+    )
+    for d, dv, note in cases:
+        p = dataclasses.replace(BASE, head_dim=d, head_dim_v=dv, softmax_scale=d**-0.5)
+        q, k, _ = (t for _, t in _tensors(d))
+        v = torch.empty(*k.shape[:3], dv, dtype=k.dtype)
         got = dispatch.select_backward(
-            p, _tensors(d), bwd_sm90.bwd_unsupported_reason, bwd_sm90.bwd_kernel_note
-        )
+            p, (("q", q), ("k", k), ("v", v)), bwd_sm90.bwd_unsupported_reason,
+            bwd_sm90.bwd_kernel_note,
+        )  # fmt: skip
         assert got.impl == "sm90_bwd", got
         assert (note in got.reason) if note else got.reason == "SM90 backward kernel", got
-    p = dataclasses.replace(BASE, head_dim=256, head_dim_v=256, softmax_scale=256**-0.5)
+    p = dataclasses.replace(BASE, head_dim=80, head_dim_v=80, softmax_scale=80**-0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         got = dispatch.select_backward(
-            p, _tensors(256), bwd_sm90.bwd_unsupported_reason, bwd_sm90.bwd_kernel_note
+            p, _tensors(80), bwd_sm90.bwd_unsupported_reason, bwd_sm90.bwd_kernel_note
         )
-    assert got.impl == "reference" and "head dims (256, 256)" in got.reason, got
+    assert got.impl == "reference" and "head dims (80, 80)" in got.reason, got

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -234,10 +235,38 @@ def test_bwd_d96_runs_the_padded_d128_tiles():
         assert cfg.tile_head_dims(96, 96) == (128, 128)
         assert cfg.smem_bytes(96, 96) == cfg.smem_bytes(128, 128)
     assert bwd_tile_config(128, 128, False, False).tile_head_dims(128, 128) == (128, 128)
-    with pytest.raises(ValueError, match="head_dim == head_dim_v"):
-        BwdTileConfig(padded_head_dim=128).tile_head_dims(96, 64)
+    # each head dim rounds up to a multiple of the padding on its own
+    assert BwdTileConfig(padded_head_dim=128).tile_head_dims(96, 64) == (128, 128)
+    assert BwdTileConfig(padded_head_dim=128).tile_head_dims(192, 128) == (256, 128)
     with pytest.raises(ValueError, match="padded_head_dim 64"):
         BwdTileConfig(padded_head_dim=64)
+
+
+def test_bwd_wide_head_dims_take_the_swapped_tiles():
+    # past D=128: 64 x 64 tiles, dK^T / dV^T split over the warpgroups' head-dim rows, one
+    # stage (two need more smem than SM90 has at D=256); 192 is padded to 256
+    from cute_attn.arch.sm90.tile_config import (
+        BWD_HEAD_DIMS,
+        SMEM_BYTES_SM90,
+        BwdTileConfig,
+        bwd_tile_config,
+    )
+
+    for d, dv, tile in (((192, 192, (256, 256))), (192, 128, (256, 128)), (256, 256, (256, 256))):
+        assert (d, dv) in BWD_HEAD_DIMS
+        for causal, local, softcap, det in itertools.product((False, True), repeat=4):
+            cfg = bwd_tile_config(d, dv, causal, local, softcap, det)
+            assert cfg.dkv_swap_ab and (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 64, 1)
+            assert cfg.tile_head_dims(d, dv) == tile
+            assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
+        two = dataclasses.replace(bwd_tile_config(d, dv, False, False), num_stages=2)
+        assert two.smem_bytes(d, dv) > SMEM_BYTES_SM90
+    for d in (64, 96, 128):
+        assert not bwd_tile_config(d, d, True, False).dkv_swap_ab
+    with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
+        BwdTileConfig(tile_n=128, dkv_swap_ab=True)
+    with pytest.raises(ValueError, match="num_stages"):
+        BwdTileConfig(tile_n=64, num_stages=3, dkv_swap_ab=True)
 
 
 def test_bwd_row_threads():

@@ -125,6 +125,14 @@ class FlashBwdSm90:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
         # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
         self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
+        self.swap_dkv = cfg.dkv_swap_ab
+        rows = 64 * cfg.num_mma_warpgroups
+        if self.swap_dkv and (self.tile_d % rows or self.tile_dv % rows):
+            # dK^T / dV^T: each warpgroup takes 64-row wgmma tiles of the head dims in turn
+            raise ValueError(
+                f"dkv_swap_ab needs tile head dims that are multiples of {rows}, got"
+                f" ({self.tile_d}, {self.tile_dv}): set padded_head_dim"
+            )
         smem = cfg.smem_bytes(self.head_dim, self.head_dim_v)
         if smem > SMEM_BYTES_SM90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
@@ -181,11 +189,20 @@ class FlashBwdSm90:
             )
 
         K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
-        # S^T = K Q^T and dP^T = V dO^T: warpgroups split the keys (the M mode)
-        tiled_mma_sdp = tiled_mma(K, K, (nwg, 1, 1), (64, tm), False)
-        # dK += dS^T Q, dV += P^T dO: A from registers (the S^T accumulator rows are keys)
-        tiled_mma_dk = tiled_mma(K, MN, (nwg, 1, 1), (64, d), True)
-        tiled_mma_dv = tiled_mma(K, MN, (nwg, 1, 1), (64, dv), True)
+        if cutlass.const_expr(self.swap_dkv):
+            # S^T = K Q^T, dP^T = V dO^T: the 64 keys are one wgmma M, the warpgroups split
+            # the query columns
+            tiled_mma_sdp = tiled_mma(K, K, (1, nwg, 1), (64, tm // nwg), False)
+            # dK^T += Q^T dS, dV^T += dO^T P, all four operands transposed views of smem:
+            # the warpgroups take 64-row tiles of the head dim in turn
+            tiled_mma_dk = tiled_mma(MN, MN, (nwg, 1, 1), (64, tn), False)
+            tiled_mma_dv = tiled_mma(MN, MN, (nwg, 1, 1), (64, tn), False)
+        else:
+            # S^T = K Q^T and dP^T = V dO^T: warpgroups split the keys (the M mode)
+            tiled_mma_sdp = tiled_mma(K, K, (nwg, 1, 1), (64, tm), False)
+            # dK += dS^T Q, dV += P^T dO: A from registers (the S^T accumulator rows are keys)
+            tiled_mma_dk = tiled_mma(K, MN, (nwg, 1, 1), (64, d), True)
+            tiled_mma_dv = tiled_mma(K, MN, (nwg, 1, 1), (64, dv), True)
         # dQ = dS K: every warpgroup needs all keys, so they split the query rows when there
         # are 64 per warpgroup, else the head dim
         if cutlass.const_expr(self.dq_split_rows):
@@ -198,7 +215,8 @@ class FlashBwdSm90:
         sdO_layout = smem_layout(self.dtype, tm, dv, stages)
         sK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
-        sdS_layout = smem_layout(self.dtype, tm, tn, stages)
+        sdS_layout = smem_layout(self.dtype, tm, tn, stages)  # also P's, under swap_dkv
+        p_stages = stages if cutlass.const_expr(self.swap_dkv) else 0
         # fp32 dQ staging, swizzled as the config says (BwdTileConfig.dq_swizzle)
         dq_atom_kind = DQ_SWIZZLE_ATOMS[self.config.dq_swizzle]
         sdQ_atom = warpgroup.make_smem_layout_atom(dq_atom_kind, Float32)
@@ -244,6 +262,10 @@ class FlashBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            # P^T's 16-bit copy for dV^T under swap_dkv (else a 1-element placeholder)
+            sP: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout) if p_stages else 1], 1024
+            ]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
@@ -325,6 +347,9 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sP = sdS  # unused without swap_dkv
+        if cutlass.const_expr(self.swap_dkv):
+            sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDsum = storage.sDsum.get_tensor(sRow_layout)
@@ -367,7 +392,7 @@ class FlashBwdSm90:
             self.mma(
                 tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                 tma_atom_dK, mdK, tma_atom_dV, mdV,
-                sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
+                sQ, sdO, sK, sV, sdS, sP, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
                 n_block, head, batch, m_min, m_max,
                 softmax_scale_log2, score_premul, softmax_scale,
             )  # fmt: skip
@@ -536,6 +561,7 @@ class FlashBwdSm90:
         sK: cute.Tensor,
         sV: cute.Tensor,
         sdS: cute.Tensor,
+        sP: cute.Tensor,
         sdQ: cute.Tensor,
         sLSE: cute.Tensor,
         sDsum: cute.Tensor,
@@ -569,15 +595,24 @@ class FlashBwdSm90:
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-        tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(transpose_smem_view(sdO)))
-        tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_smem_view(sQ)))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
         tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_smem_view(sK)))
+        if cutlass.const_expr(self.swap_dkv):
+            # dV^T = dO^T P, dK^T = Q^T dS: (head dim, query) A, (key, query) B views
+            tdVrdOt = wg_dv.make_fragment_A(wg_dv.partition_A(transpose_smem_view(sdO)))
+            tdVrP = wg_dv.make_fragment_B(wg_dv.partition_B(transpose_smem_view(sP)))
+            tdKrQt = wg_dk.make_fragment_A(wg_dk.partition_A(transpose_smem_view(sQ)))
+            tdKrdS = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_smem_view(sdS)))
+            dk_shape, dv_shape = (self.tile_d, tn), (self.tile_dv, tn)
+        else:
+            tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(transpose_smem_view(sdO)))
+            tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_smem_view(sQ)))
+            dk_shape, dv_shape = (tn, self.tile_d), (tn, self.tile_dv)
 
         acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
         acc_shape_dq = thr_dq.partition_shape_C((tm, self.tile_d))
-        acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C((tn, self.tile_d)), Float32)
-        acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C((tn, self.tile_dv)), Float32)
+        acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C(dk_shape), Float32)
+        acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C(dv_shape), Float32)
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
 
@@ -589,6 +624,7 @@ class FlashBwdSm90:
         )
         thr_store_ds = cute.make_tiled_copy_C(store_ds_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
+        tPsP = thr_store_ds.partition_D(transpose_smem_view(sP))
         tdQsdQ = thr_dq.partition_C(sdQ)
 
         # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
@@ -631,23 +667,47 @@ class FlashBwdSm90:
                         if mask.tile_needs_mask(m_block, n_block):
                             mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
                     t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage]))
-                    tdVrP = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
+                    r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
                     r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
                     r_ds.store(acc_dp.load().to(self.dtype))
-                    tdKrdS = acc_as_operand_a(r_ds)  # the same registers, as dK's A operand
                     r_ds_st = thr_store_ds.retile(r_ds)
                     cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, stage])
-                    # ---- dV += P^T dO (overlaps the dS exchange below)
-                    gemm(tiled_mma_dv, acc_dv, tdVrP, tdVrdOt[None, None, None, stage], False)
+                    if cutlass.const_expr(self.swap_dkv):
+                        # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
+                        cute.copy(
+                            store_ds_atom, thr_store_ds.retile(r_p), tPsP[None, None, None, stage]
+                        )
+                    else:
+                        # ---- dV += P^T dO (overlaps the dS exchange below)
+                        gemm(
+                            tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
+                            tdVrdOt[None, None, None, stage], False,
+                        )  # fmt: skip
                     # dS written by both warpgroups must be visible to the async proxy (wgmma)
                     cute.arch.fence_view_async_shared()
                     cute.arch.barrier(
                         barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads
                     )
-                    # ---- dQ = dS K, dK += dS^T Q
+                    if cutlass.const_expr(self.swap_dkv):
+                        # ---- dV^T += dO^T P
+                        gemm(
+                            tiled_mma_dv, acc_dv, tdVrdOt[None, None, None, stage],
+                            tdVrP[None, None, None, stage], False,
+                        )  # fmt: skip
+                    # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
                     acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
                     gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
-                    gemm(tiled_mma_dk, acc_dk, tdKrdS, tdKrQt[None, None, None, stage], False)
+                    if cutlass.const_expr(self.swap_dkv):
+                        gemm(
+                            tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],
+                            tdKrdS[None, None, None, stage], False,
+                        )  # fmt: skip
+                    else:
+                        # dS^T's registers, as dK's A operand
+                        gemm(
+                            tiled_mma_dk, acc_dk, acc_as_operand_a(r_ds),
+                            tdKrQt[None, None, None, stage], False,
+                        )  # fmt: skip
                     warpgroup.wait_group(1)  # dV and dQ done
                     pipe_do.consumer_release(state)
                     # ---- hand the dQ partial to the writer warp
@@ -697,13 +757,19 @@ class FlashBwdSm90:
         r_dv.store(acc_dv.load().to(self.dtype))
         # dK / dV are staged in the K / V buffers: every warpgroup must be done reading them
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
+        # under swap_dkv the accumulators are dK^T / dV^T: a transposing stmatrix puts them
+        # back as (key, head dim) rows
         store_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.swap_dkv, num_matrices=4),
+            self.dtype,
         )
+        sK_c, sV_c = sK, sV
+        if cutlass.const_expr(self.swap_dkv):
+            sK_c, sV_c = transpose_smem_view(sK), transpose_smem_view(sV)
         thr_store_dk = cute.make_tiled_copy_C(store_atom, tiled_mma_dk).get_slice(tidx)
         thr_store_dv = cute.make_tiled_copy_C(store_atom, tiled_mma_dv).get_slice(tidx)
-        cute.copy(store_atom, thr_store_dk.retile(r_dk), thr_store_dk.partition_D(sK))
-        cute.copy(store_atom, thr_store_dv.retile(r_dv), thr_store_dv.partition_D(sV))
+        cute.copy(store_atom, thr_store_dk.retile(r_dk), thr_store_dk.partition_D(sK_c))
+        cute.copy(store_atom, thr_store_dv.retile(r_dv), thr_store_dv.partition_D(sV_c))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -730,8 +796,8 @@ class FlashBwdSm90:
         scale_log2: Float32,
     ) -> cute.Tensor:
         """P^T = exp2(S^T * scale_log2 - lse_log2) and, in acc_dp, dS^T = P^T (dP^T - D)
-        (times 1 - tanh^2 under softcap). Waits for the dP GEMM. Returns P^T in 16 bits viewed
-        as the A operand of dV += P^T dO.
+        (times 1 - tanh^2 under softcap). Waits for the dP GEMM. Returns P^T in 16 bits, in
+        the S^T accumulator's layout.
 
         Without softcap the exponentials run while dP is still in flight. With it, dP is
         awaited first so that one pass has tanh, P and dP together: keeping 1 - tanh^2 in a
@@ -760,4 +826,4 @@ class FlashBwdSm90:
                     dp[r, j] = p * (dp[r, j] - t_dsum[0, j]) * dtanh
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
-        return acc_as_operand_a(r_p)
+        return r_p

@@ -362,12 +362,14 @@ def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class BwdTileConfig:
-    """Static shape of one backward variant. A CTA owns tile_n keys (64 per consumer
-    warpgroup) and walks the query tiles of tile_m rows that see them."""
+    """Static shape of one backward variant. A CTA owns tile_n keys and walks the query tiles
+    of tile_m rows that see them. Without dkv_swap_ab each consumer warpgroup owns 64 of the
+    keys (tile_n = 64 per warpgroup); with it the warpgroups split the query columns of S^T
+    and the head dims of dK^T / dV^T (the layout for head dims past 128)."""
 
     tile_m: int = 64  # query rows per mainloop iteration
     tile_n: int = 128  # keys per CTA
-    num_stages: int = 2  # Q and dO smem stages; dS is double-buffered alongside
+    num_stages: int = 2  # Q and dO smem stages; dS (and P under dkv_swap_ab) alongside
     num_mma_warpgroups: int = 2
     # walk the query tiles that see every key of the CTA's tile as a loop of their own,
     # without mask code or a per-tile test (the forward's switch of the same name)
@@ -377,17 +379,30 @@ class BwdTileConfig:
     # (ncu, D=128 16k causal: every dQ store 2-way conflicted, 4 wavefronts instead of 2);
     # with 32-byte rows the 4 rows fill one 128-byte line
     dq_swizzle: int = 32
-    # 0: the tiles span the problem's head dims. Else both head dims of the tiles (smem, TMA
-    # boxes, wgmma N) are this many columns, more than the tensors have: TMA fills the columns
-    # past a tensor's head dim with zeros on every load and drops them on every store and
-    # reduce-add, so the extra products are exact zeros that never reach memory
+    # 0: the tiles span the problem's head dims. Else each head dim of the tiles (smem, TMA
+    # boxes, wgmma M / N) is the tensor's rounded up to a multiple of this: TMA fills the
+    # columns past a tensor's head dim with zeros on every load and drops them on every store
+    # and reduce-add, so the extra products are exact zeros that never reach memory
     padded_head_dim: int = 0
+    # dK^T += Q^T dS and dV^T += dO^T P (both operands from smem, P staged there too): the
+    # accumulators hold head-dim rows split over the warpgroups (64 x tile_n per warpgroup
+    # and 64 rows of head dim), so D = 256 needs 2 x 64 fp32 registers a thread for dK and dV
+    # instead of 2 x 128. S^T / dP^T split their query columns over the warpgroups.
+    dkv_swap_ab: bool = False
 
     def __post_init__(self):
         if self.padded_head_dim not in (0, 128):
             raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
         if self.dq_swizzle not in (32, 64, 128):
             raise ValueError(f"dq_swizzle {self.dq_swizzle} must be 32, 64 or 128 (bytes)")
+        if self.dkv_swap_ab:
+            # S^T's 64 key rows are one wgmma M; its query columns split over the warpgroups,
+            # and dQ (64 rows) splits its head dim
+            if self.tile_n != 64 or self.tile_m != 64:
+                raise ValueError("dkv_swap_ab takes tile_m = tile_n = 64")
+            if self.num_stages not in (1, 2):
+                raise ValueError(f"num_stages {self.num_stages} must be 1 or 2")
+            return
         if self.tile_n != 64 * self.num_mma_warpgroups:
             raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
         if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
@@ -399,12 +414,8 @@ class BwdTileConfig:
     def tile_head_dims(self, head_dim: int, head_dim_v: int) -> tuple[int, int]:
         """The head dims the kernel's tiles span for a problem's (head_dim, head_dim_v)."""
         if self.padded_head_dim:
-            if head_dim != head_dim_v or head_dim > self.padded_head_dim:
-                raise ValueError(
-                    f"padded_head_dim {self.padded_head_dim} needs head_dim == head_dim_v <= it,"
-                    f" got ({head_dim}, {head_dim_v})"
-                )
-            return self.padded_head_dim, self.padded_head_dim
+            m = self.padded_head_dim
+            return -(-head_dim // m) * m, -(-head_dim_v // m) * m
         return head_dim, head_dim_v
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
@@ -412,18 +423,20 @@ class BwdTileConfig:
         q = self.num_stages * self.tile_m * head_dim * elem_bytes
         do = self.num_stages * self.tile_m * head_dim_v * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
-        ds = self.num_stages * self.tile_m * self.tile_n * elem_bytes
+        # dS, and P when dK / dV take it from smem
+        ds = (1 + self.dkv_swap_ab) * self.num_stages * self.tile_m * self.tile_n * elem_bytes
         dq = self.tile_m * head_dim * 4  # fp32 staging for the dQ reduce-add
         rows = 2 * self.num_stages * self.tile_m * 4  # lse and D per query row
         return q + do + kv + ds + dq + rows + 1024
 
 
-# dK and dV accumulate in registers (64 keys x D per warpgroup, twice): D > 128 needs a
-# different split (dKV swapAB or 3 warpgroups) that is not written yet. D = 96 runs the
-# D = 128 tiles (BwdTileConfig.padded_head_dim): its own tiles would split dQ's head dim over
-# two warpgroups as N = 48, which the MN-major (transposed K) wgmma operand cannot take with
-# a 64-byte swizzle, and 128 query rows (dQ split by rows) need 256 KB of smem.
-BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
+# Without dkv_swap_ab, dK and dV accumulate in registers as 64 keys x D per warpgroup, twice:
+# D <= 128. D = 96 runs the D = 128 tiles (BwdTileConfig.padded_head_dim): its own tiles would
+# split dQ's head dim over two warpgroups as N = 48, which the MN-major (transposed K) wgmma
+# operand cannot take with a 64-byte swizzle, and 128 query rows (dQ split by rows) need 256 KB
+# of smem. Head dims past 128 take dkv_swap_ab, whose dK^T / dV^T rows split over the two
+# warpgroups in 64-row wgmma tiles: 192 is padded to 256 for that.
+BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
 def bwd_tile_config(
@@ -460,6 +473,15 @@ def bwd_tile_config(
         # (tune_bwd_d96_single_dq_h200.json, round-robin, TFLOP/s, own / padded): 16k 431 /
         # 449, 16k causal 416 / 440, 4k 415 / 427, 1k 338 / 345; that variant was removed.
         return BwdTileConfig(dq_swizzle=dq_swizzle, padded_head_dim=128)
+    if head_dim > 128:
+        # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows. One stage
+        # of Q, dO, P and dS: with two, D = 256 needs 272 KB of smem (227 KB on SM90). Not
+        # tuned yet: the first measurements are in docs/perf/README.md (tenth session).
+        pad = 128 if head_dim % 128 or head_dim_v % 128 else 0
+        return BwdTileConfig(
+            tile_m=64, tile_n=64, num_stages=1, dkv_swap_ab=True, padded_head_dim=pad,
+            dq_swizzle=dq_swizzle,
+        )  # fmt: skip
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
     # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
