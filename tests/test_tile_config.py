@@ -243,8 +243,8 @@ def test_bwd_d96_runs_the_padded_d128_tiles():
 
 
 def test_bwd_wide_head_dims_take_the_swapped_tiles():
-    # past D=128: 64 x 64 tiles, dK^T / dV^T split over the warpgroups' head-dim rows, one
-    # stage (two need more smem than SM90 has at D=256); 192 is padded to 256
+    # past D=128: 64 x 64 tiles, dK^T / dV^T split over the warpgroups' head-dim rows, two Q
+    # stages, dQ staged in halves, dO two stages where it fits (dv = 128); 192 padded to 256
     from cute_attn.arch.sm90.tile_config import (
         BWD_HEAD_DIMS,
         SMEM_BYTES_SM90,
@@ -256,17 +256,27 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
         assert (d, dv) in BWD_HEAD_DIMS
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
             cfg = bwd_tile_config(d, dv, causal, local, softcap, det)
-            assert cfg.dkv_swap_ab and (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 64, 1)
+            assert cfg.dkv_swap_ab and cfg.dq_half_staging
+            assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 64, 2)
+            assert cfg.dout_stages == (2 if dv == 128 else 1)
             assert cfg.tile_head_dims(d, dv) == tile
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
-        two = dataclasses.replace(bwd_tile_config(d, dv, False, False), num_stages=2)
-        assert two.smem_bytes(d, dv) > SMEM_BYTES_SM90
+        # what does not fit: a second dO stage at dv = 256, or the whole dQ staged at once
+        cfg = bwd_tile_config(d, dv, False, False)
+        assert dataclasses.replace(cfg, dq_half_staging=False).smem_bytes(d, dv) > SMEM_BYTES_SM90
+        if dv > 128:
+            assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
     for d in (64, 96, 128):
-        assert not bwd_tile_config(d, d, True, False).dkv_swap_ab
+        cfg = bwd_tile_config(d, d, True, False)
+        assert not cfg.dkv_swap_ab and not cfg.dq_half_staging and cfg.dout_stages == 2
     with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
         BwdTileConfig(tile_n=128, dkv_swap_ab=True)
-    with pytest.raises(ValueError, match="num_stages"):
+    with pytest.raises(ValueError, match="must be 1 or 2"):
         BwdTileConfig(tile_n=64, num_stages=3, dkv_swap_ab=True)
+    with pytest.raises(ValueError, match="do_stages must not exceed"):
+        BwdTileConfig(tile_n=64, num_stages=1, do_stages=2, dkv_swap_ab=True)
+    with pytest.raises(ValueError, match="dq_half_staging"):
+        BwdTileConfig(dq_half_staging=True)
 
 
 def test_bwd_row_threads():

@@ -76,6 +76,9 @@ class BwdRoles:
     bar_ds: int = 2  # both consumer warpgroups wrote their half of dS
     bar_dq_full: int = 3  # consumers -> dQ writer: sdQ holds a partial
     bar_dq_empty: int = 4  # dQ writer -> consumers: sdQ may be overwritten
+    # with dq_half_staging warpgroup w hands over its half on bar_dq_full + 2 w and waits for
+    # the buffer on bar_dq_empty + 2 w (ids 3 / 4 and 5 / 6)
+    bar_dq_wg_step: int = 2
 
     @property
     def num_threads(self) -> int:
@@ -88,6 +91,10 @@ class BwdRoles:
     @property
     def dq_sync_threads(self) -> int:
         return self.num_mma_threads + 32
+
+    @property
+    def dq_half_sync_threads(self) -> int:
+        return 128 + 32  # one consumer warpgroup and the dQ writer warp
 
 
 class FlashBwdSm90:
@@ -138,6 +145,8 @@ class FlashBwdSm90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
+        self.do_stages = cfg.dout_stages
+        self.dq_halves = cfg.dq_half_staging
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)
         self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups
@@ -209,18 +218,26 @@ class FlashBwdSm90:
             tiled_mma_dq = tiled_mma(K, MN, (nwg, 1, 1), (64, d), False)
         else:
             tiled_mma_dq = tiled_mma(K, MN, (1, nwg, 1), (tm, d // nwg), False)
+        # one warpgroup's (tm, d / nwg) part of dQ: how it lands in the half-size staging
+        # buffer under dq_half_staging (the same per-thread fragment as in tiled_mma_dq)
+        tiled_mma_dq_part = tiled_mma_dq  # unused without dq_half_staging
+        if cutlass.const_expr(self.dq_halves):
+            tiled_mma_dq_part = tiled_mma(K, MN, (1, 1, 1), (tm, d // nwg), False)
 
-        stages = self.num_stages
+        stages, do_stages = self.num_stages, self.do_stages
         sQ_layout = smem_layout(self.dtype, tm, d, stages)
-        sdO_layout = smem_layout(self.dtype, tm, dv, stages)
+        sdO_layout = smem_layout(self.dtype, tm, dv, do_stages)
         sK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
-        sdS_layout = smem_layout(self.dtype, tm, tn, stages)  # also P's, under swap_dkv
-        p_stages = stages if cutlass.const_expr(self.swap_dkv) else 0
+        sdS_layout = smem_layout(self.dtype, tm, tn, stages)
+        # P^T's 16-bit copy for dV^T under swap_dkv, staged with dO (see mma)
+        sP_layout = smem_layout(self.dtype, tm, tn, do_stages)
+        p_size = cute.cosize(sP_layout) if cutlass.const_expr(self.swap_dkv) else 1
         # fp32 dQ staging, swizzled as the config says (BwdTileConfig.dq_swizzle)
         dq_atom_kind = DQ_SWIZZLE_ATOMS[self.config.dq_swizzle]
         sdQ_atom = warpgroup.make_smem_layout_atom(dq_atom_kind, Float32)
-        sdQ_layout = cute.tile_to_shape(sdQ_atom, (tm, d), order=(0, 1))
+        dq_cols = d // nwg if cutlass.const_expr(self.dq_halves) else d
+        sdQ_layout = cute.tile_to_shape(sdQ_atom, (tm, dq_cols), order=(0, 1))
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -232,7 +249,8 @@ class FlashBwdSm90:
         tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
         tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, d))
         # per-row statistics ride with Q (lse) and dO (D): one 1-D TMA tile each
-        sRow_layout = cute.make_layout((tm, stages))
+        sLSE_layout = cute.make_layout((tm, stages))
+        sDsum_layout = cute.make_layout((tm, do_stages))
         tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(
             tma_load, mLSE, cute.make_layout(tm), (tm,)
         )
@@ -243,7 +261,9 @@ class FlashBwdSm90:
         tma_atom_dK, tma_dK = tma(tma_store, mdK, sK_layout, (tn, d))
         tma_atom_dV, tma_dV = tma(tma_store, mdV, sV_layout, (tn, dv))
         tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
-        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(tma_reduce, mdQacc, sdQ_layout, (tm, d))
+        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+            tma_reduce, mdQacc, sdQ_layout, (tm, dq_cols)
+        )
 
         def tile_bytes(layout):
             return cute.size_in_bytes(self.dtype, cute.select(layout, mode=[0, 1]))
@@ -256,30 +276,28 @@ class FlashBwdSm90:
         class SharedStorage:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, do_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            # P^T's 16-bit copy for dV^T under swap_dkv (else a 1-element placeholder)
-            sP: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout) if p_stages else 1], 1024
-            ]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_size], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
-            sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
+            sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
 
         self.shared_storage = SharedStorage
 
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(
-            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, tma_atom_dQ, tma_dQ,
             tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum, mSem,
-            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sdQ_layout,
+            sLSE_layout, sDsum_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
         ).launch(
             grid=grid,
@@ -296,6 +314,7 @@ class FlashBwdSm90:
         tiled_mma_dk: cute.TiledMma,
         tiled_mma_dv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
+        tiled_mma_dq_part: cute.TiledMma,
         tma_atom_Q: cute.CopyAtom,
         mQ: cute.Tensor,
         tma_atom_dO: cute.CopyAtom,
@@ -320,8 +339,10 @@ class FlashBwdSm90:
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
         sdQ_layout: cute.ComposedLayout,
-        sRow_layout: cute.Layout,
+        sLSE_layout: cute.Layout,
+        sDsum_layout: cute.Layout,
         softmax_scale_log2: Float32,
         score_premul: Float32,
         softmax_scale: Float32,
@@ -339,7 +360,7 @@ class FlashBwdSm90:
         warps = roles.num_mma_threads // 32  # consumer warps: each releases a stage once
         pipe_kv = tma_pipeline(storage.mbar_kv, 1, self.tx_bytes_kv, warps)
         pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, self.tx_bytes_q, warps)
-        pipe_do = tma_pipeline(storage.mbar_do, self.num_stages, self.tx_bytes_do, warps)
+        pipe_do = tma_pipeline(storage.mbar_do, self.do_stages, self.tx_bytes_do, warps)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -349,10 +370,10 @@ class FlashBwdSm90:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = sdS  # unused without swap_dkv
         if cutlass.const_expr(self.swap_dkv):
-            sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        sLSE = storage.sLSE.get_tensor(sRow_layout)
-        sDsum = storage.sDsum.get_tensor(sRow_layout)
+        sLSE = storage.sLSE.get_tensor(sLSE_layout)
+        sDsum = storage.sDsum.get_tensor(sDsum_layout)
 
         n_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.deterministic and self.has_right):
@@ -390,7 +411,7 @@ class FlashBwdSm90:
         else:
             cute.arch.setmaxregister_increase(roles.mma_regs)
             self.mma(
-                tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+                tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
                 tma_atom_dK, mdK, tma_atom_dV, mdV,
                 sQ, sdO, sK, sV, sdS, sP, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
                 n_block, head, batch, m_min, m_max,
@@ -454,6 +475,9 @@ class FlashBwdSm90:
             kv_state.advance()
             producer = pipeline.PipelineUserType.Producer
             state = pipeline.make_pipeline_state(producer, self.num_stages)
+            # a state of its own even when the stage counts agree: the DSL carries each name
+            # through the loop separately, so an alias of `state` would not advance with it
+            state_do = pipeline.make_pipeline_state(producer, self.do_stages)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 pipe_q.producer_acquire(state)
                 q_bar = pipe_q.producer_get_barrier(state)
@@ -463,21 +487,24 @@ class FlashBwdSm90:
                 cute.copy(
                     tma_atom_LSE, tLgL[None, m_block], tLsL[None, state.index], tma_bar_ptr=q_bar
                 )
-                pipe_do.producer_acquire(state)
-                do_bar = pipe_do.producer_get_barrier(state)
+                pipe_do.producer_acquire(state_do)
+                do_bar = pipe_do.producer_get_barrier(state_do)
                 cute.copy(
                     tma_atom_dO,
                     tdOgdO[None, m_block],
-                    tdOsdO[None, state.index],
+                    tdOsdO[None, state_do.index],
                     tma_bar_ptr=do_bar,
                 )
                 cute.copy(
-                    tma_atom_Dsum, tDgD[None, m_block], tDsD[None, state.index], tma_bar_ptr=do_bar
+                    tma_atom_Dsum,
+                    tDgD[None, m_block],
+                    tDsD[None, state_do.index],
+                    tma_bar_ptr=do_bar,
                 )
                 state.advance()
-            # producer_tail advances the state it is given: one copy per pipeline
-            pipe_q.producer_tail(state.clone())
-            pipe_do.producer_tail(state)
+                state_do.advance()
+            pipe_q.producer_tail(state)
+            pipe_do.producer_tail(state_do)
             pipe_kv.producer_tail(kv_state)
 
     # ------------------------------------------------------------------ dQ writer role
@@ -498,51 +525,83 @@ class FlashBwdSm90:
         roles = self.roles
         lane = cute.arch.lane_idx()
         sem_bh = mSem[None, head, batch]
+        # (query tile, head-dim part) tiles: one part, or one per warpgroup (dq_half_staging)
+        parts, threads = 1, roles.dq_sync_threads
+        if cutlass.const_expr(self.dq_halves):
+            parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
+        step = roles.bar_dq_wg_step
         gdQ = cute.local_tile(
-            mdQacc[None, None, head, batch], (self.tile_m, self.tile_d), (None, 0)
+            mdQacc[None, None, head, batch], (self.tile_m, self.tile_d // parts), (None, None)
         )
         tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
-        # sdQ starts empty
-        cute.arch.barrier_arrive(
-            barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
-        )
+        # sdQ starts empty (for the first part's warpgroup)
+        cute.arch.barrier_arrive(barrier_id=roles.bar_dq_empty, number_of_threads=threads)
         for m_block in cutlass.range(m_min, m_max, unroll=1):
-            cute.arch.barrier(barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads)
-            if cutlass.const_expr(self.deterministic):
-                # My turn comes when the key tiles before mine in a fixed order have added
-                # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
-                # (band mask). Without a right bound they go left to right; with one (causal)
-                # right to left, because the tile nearest the diagonal reaches this query tile
-                # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
-                # the unordered speed at D=128 causal). The tiles waited on have lower block
-                # indices (the grid is reversed in the right-to-left case), so they are
-                # running or done: no deadlock.
-                if cutlass.const_expr(self.has_right):
-                    my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
-                else:
-                    n_first, _ = mask.n_block_range(m_block)
-                    my_turn = n_block - n_first
-                turn = sem_bh.iterator + m_block
-                if lane == 0:
-                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-                    while seen != my_turn:
-                        seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-                cute.arch.sync_warp()
-                cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
-            cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block])
-            cute.arch.cp_async_bulk_commit_group()
-            if cutlass.const_expr(self.deterministic):
-                # the add must have landed in global memory before the next tile's turn
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.fence_proxy("async.global")
-                if lane == 0:
-                    cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
+            for part in cutlass.range_constexpr(parts):
+                # warpgroup `part` staged its part (all of dQ when parts == 1)
+                cute.arch.barrier(
+                    barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
+                )
+                self._dq_add(
+                    tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block, part], sem_bh, mask, n_block,
+                    m_block, lane, part == 0, part == parts - 1,
+                )  # fmt: skip
+                # the buffer goes to the next part's warpgroup (the first one's next tile)
+                nxt = (part + 1) % parts
+                cute.arch.barrier_arrive(
+                    barrier_id=roles.bar_dq_empty + step * nxt, number_of_threads=threads
+                )
+
+    @cute.jit
+    def _dq_add(
+        self,
+        tma_atom_dQ: cute.CopyAtom,
+        tdQsdQ: cute.Tensor,
+        tdQgdQ: cute.Tensor,
+        sem_bh: cute.Tensor,
+        mask: TileMask,
+        n_block: Int32,
+        m_block: Int32,
+        lane: Int32,
+        first_part: cutlass.Constexpr[bool],
+        last_part: cutlass.Constexpr[bool],
+    ):
+        """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half) into the
+        fp32 accumulator; returns once the staging buffer may be overwritten. Deterministic:
+        the first part waits for this key tile's turn, the last hands the turn on once every
+        part has landed."""
+        turn = sem_bh.iterator + m_block
+        if cutlass.const_expr(self.deterministic and first_part):
+            # My turn comes when the key tiles before mine in a fixed order have added
+            # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
+            # (band mask). Without a right bound they go left to right; with one (causal)
+            # right to left, because the tile nearest the diagonal reaches this query tile
+            # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
+            # the unordered speed at D=128 causal). The tiles waited on have lower block
+            # indices (the grid is reversed in the right-to-left case), so they are
+            # running or done: no deadlock.
+            if cutlass.const_expr(self.has_right):
+                my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
             else:
-                # the reduce must have read sdQ before the consumers overwrite it
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier_arrive(
-                barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
-            )
+                n_first, _ = mask.n_block_range(m_block)
+                my_turn = n_block - n_first
+            if lane == 0:
+                seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+                while seen != my_turn:
+                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+            cute.arch.sync_warp()
+            cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
+        cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+        cute.arch.cp_async_bulk_commit_group()
+        if cutlass.const_expr(self.deterministic and last_part):
+            # every part must have landed in global memory before the next tile's turn
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.fence_proxy("async.global")
+            if lane == 0:
+                cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
+        else:
+            # the reduce must have read sdQ before the consumers overwrite it
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
@@ -552,6 +611,7 @@ class FlashBwdSm90:
         tiled_mma_dk: cute.TiledMma,
         tiled_mma_dv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
+        tiled_mma_dq_part: cute.TiledMma,
         tma_atom_dK: cute.CopyAtom,
         mdK: cute.Tensor,
         tma_atom_dV: cute.CopyAtom,
@@ -625,19 +685,40 @@ class FlashBwdSm90:
         thr_store_ds = cute.make_tiled_copy_C(store_ds_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
         tPsP = thr_store_ds.partition_D(transpose_smem_view(sP))
-        tdQsdQ = thr_dq.partition_C(sdQ)
+        if cutlass.const_expr(self.dq_halves):
+            # this warpgroup's (tm, d / 2) part of dQ, in the half-size staging buffer
+            tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(sdQ)
+        else:
+            tdQsdQ = thr_dq.partition_C(sdQ)
+        # the dQ handoff: the writer's barriers for this warpgroup's part, or for all of dQ
+        bar_dq_full, bar_dq_empty = roles.bar_dq_full, roles.bar_dq_empty
+        dq_threads = roles.dq_sync_threads
+        if cutlass.const_expr(self.dq_halves):
+            bar_dq_full = roles.bar_dq_full + roles.bar_dq_wg_step * wg
+            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_wg_step * wg
+            dq_threads = roles.dq_half_sync_threads
 
         # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
         # through a (tn, tm, stages) view that ignores the key index (stride 0)
-        bcast = cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, tm))
-        sLSE_st = cute.make_tensor(sLSE.iterator, bcast)
-        sDsum_st = cute.make_tensor(sDsum.iterator, bcast)
+        sLSE_st = cute.make_tensor(
+            sLSE.iterator, cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, tm))
+        )
+        sDsum_st = cute.make_tensor(
+            sDsum.iterator, cute.make_layout((tn, tm, self.do_stages), stride=(0, 1, tm))
+        )
 
         if m_max > m_min:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipe_kv.consumer_wait(kv_state)
             consumer = pipeline.PipelineUserType.Consumer
             state = pipeline.make_pipeline_state(consumer, self.num_stages)
+            # dO, D and P: their own stages (BwdTileConfig.do_stages). No warp overwrites a
+            # stage of P or dS another warp still reads: P's stage of tile m is rewritten in
+            # tile m + do_stages after that tile's dO wait, so after every warp released dO of
+            # tile m, which each does once its dV GEMM (P's reader) is done; dS's (Q's stage)
+            # in tile m + num_stages after Q's wait, so after every warp finished tile m's dK
+            # its own state even when the stage counts agree (see load)
+            state_do = pipeline.make_pipeline_state(consumer, self.do_stages)
             # (test each tile, first, end) segments of the query tiles: with split_mask_loops
             # the ones every key of this tile sees fully run without mask code or per-tile test
             segments = [(True, m_min, m_max)]
@@ -649,7 +730,7 @@ class FlashBwdSm90:
             for seg in cutlass.range_constexpr(len(segments)):
                 test_mask, m_lo, m_hi = segments[seg]
                 for m_block in cutlass.range(m_lo, m_hi, unroll=1):
-                    stage = state.index
+                    stage, stage_do = state.index, state_do.index
                     # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
                     acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
                     acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
@@ -657,8 +738,8 @@ class FlashBwdSm90:
                     gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
                     # this thread's query columns of lse_log2 / D, read from smem where used
                     t_lse = acc_as_rows_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
-                    pipe_do.consumer_wait(state)
-                    gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage], True)
+                    pipe_do.consumer_wait(state_do)
+                    gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do], True)
                     warpgroup.wait_group(1)
                     # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
                     if cutlass.const_expr(self.has_softcap):
@@ -666,7 +747,7 @@ class FlashBwdSm90:
                     if cutlass.const_expr(test_mask):
                         if mask.tile_needs_mask(m_block, n_block):
                             mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
-                    t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage]))
+                    t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage_do]))
                     r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
                     r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
                     r_ds.store(acc_dp.load().to(self.dtype))
@@ -675,13 +756,15 @@ class FlashBwdSm90:
                     if cutlass.const_expr(self.swap_dkv):
                         # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
                         cute.copy(
-                            store_ds_atom, thr_store_ds.retile(r_p), tPsP[None, None, None, stage]
+                            store_ds_atom,
+                            thr_store_ds.retile(r_p),
+                            tPsP[None, None, None, stage_do],
                         )
                     else:
                         # ---- dV += P^T dO (overlaps the dS exchange below)
                         gemm(
                             tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
-                            tdVrdOt[None, None, None, stage], False,
+                            tdVrdOt[None, None, None, stage_do], False,
                         )  # fmt: skip
                     # dS written by both warpgroups must be visible to the async proxy (wgmma)
                     cute.arch.fence_view_async_shared()
@@ -691,8 +774,8 @@ class FlashBwdSm90:
                     if cutlass.const_expr(self.swap_dkv):
                         # ---- dV^T += dO^T P
                         gemm(
-                            tiled_mma_dv, acc_dv, tdVrdOt[None, None, None, stage],
-                            tdVrP[None, None, None, stage], False,
+                            tiled_mma_dv, acc_dv, tdVrdOt[None, None, None, stage_do],
+                            tdVrP[None, None, None, stage_do], False,
                         )  # fmt: skip
                     # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
                     acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
@@ -709,22 +792,24 @@ class FlashBwdSm90:
                             tdKrQt[None, None, None, stage], False,
                         )  # fmt: skip
                     warpgroup.wait_group(1)  # dV and dQ done
-                    pipe_do.consumer_release(state)
+                    pipe_do.consumer_release(state_do)
                     # ---- hand the dQ partial to the writer warp
-                    cute.arch.barrier(
-                        barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads
-                    )
+                    cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
                     tdQsdQ.store(acc_dq.load())
                     cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(
-                        barrier_id=roles.bar_dq_full, number_of_threads=roles.dq_sync_threads
-                    )
+                    cute.arch.barrier_arrive(barrier_id=bar_dq_full, number_of_threads=dq_threads)
                     warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
                     pipe_q.consumer_release(state)
                     state.advance()
+                    state_do.advance()
             pipe_kv.consumer_release(kv_state)
-        # balance the writer's last arrive on dq_empty (it also means the last reduce read sdQ)
-        cute.arch.barrier(barrier_id=roles.bar_dq_empty, number_of_threads=roles.dq_sync_threads)
+        # balance the writer's last arrive on dq_empty (it also means the last reduce read
+        # sdQ); with dq_half_staging that arrive is the first warpgroup's, on its own barrier
+        if cutlass.const_expr(self.dq_halves):
+            if wg == 0:
+                cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+        else:
+            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         self.epilogue(
             tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sK, sV,
             acc_dk, acc_dv, tidx, n_block, head, batch, softmax_scale,

@@ -369,7 +369,8 @@ class BwdTileConfig:
 
     tile_m: int = 64  # query rows per mainloop iteration
     tile_n: int = 128  # keys per CTA
-    num_stages: int = 2  # Q and dO smem stages; dS (and P under dkv_swap_ab) alongside
+    num_stages: int = 2  # Q (with lse) and dS smem stages
+    do_stages: int = 0  # dO (with D) and, under dkv_swap_ab, P smem stages; 0: num_stages
     num_mma_warpgroups: int = 2
     # walk the query tiles that see every key of the CTA's tile as a loop of their own,
     # without mask code or a per-tile test (the forward's switch of the same name)
@@ -389,6 +390,13 @@ class BwdTileConfig:
     # and 64 rows of head dim), so D = 256 needs 2 x 64 fp32 registers a thread for dK and dV
     # instead of 2 x 128. S^T / dP^T split their query columns over the warpgroups.
     dkv_swap_ab: bool = False
+    # stage dQ (fp32) one warpgroup's head-dim half at a time: the warpgroups take turns on a
+    # (tile_m, D / 2) buffer, which halves the staging smem (64 KB -> 32 KB at D = 256)
+    dq_half_staging: bool = False
+
+    @property
+    def dout_stages(self) -> int:
+        return self.do_stages or self.num_stages
 
     def __post_init__(self):
         if self.padded_head_dim not in (0, 128):
@@ -400,15 +408,20 @@ class BwdTileConfig:
             # and dQ (64 rows) splits its head dim
             if self.tile_n != 64 or self.tile_m != 64:
                 raise ValueError("dkv_swap_ab takes tile_m = tile_n = 64")
-            if self.num_stages not in (1, 2):
-                raise ValueError(f"num_stages {self.num_stages} must be 1 or 2")
+            if self.num_stages not in (1, 2) or self.dout_stages not in (1, 2):
+                raise ValueError(f"stages ({self.num_stages}, {self.do_stages}) must be 1 or 2")
+            if self.dout_stages > self.num_stages:
+                # P's and dS's reuse is ordered through the dO pipeline (FlashBwdSm90.mma)
+                raise ValueError("do_stages must not exceed num_stages")
             return
+        if self.dq_half_staging:
+            raise ValueError("dq_half_staging is written for the dkv_swap_ab tiles")
         if self.tile_n != 64 * self.num_mma_warpgroups:
             raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
         if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
             # dQ's wgmma takes 64 rows per warpgroup: split over rows or over the head dim
             raise ValueError(f"tile_m {self.tile_m} must be 64 or 64 * num_mma_warpgroups")
-        if self.num_stages != 2:
+        if self.num_stages != 2 or self.dout_stages != 2:
             raise ValueError("the backward double-buffers Q, dO and dS: num_stages must be 2")
 
     def tile_head_dims(self, head_dim: int, head_dim_v: int) -> tuple[int, int]:
@@ -420,13 +433,15 @@ class BwdTileConfig:
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         head_dim, head_dim_v = self.tile_head_dims(head_dim, head_dim_v)
-        q = self.num_stages * self.tile_m * head_dim * elem_bytes
-        do = self.num_stages * self.tile_m * head_dim_v * elem_bytes
+        sq, sdo = self.num_stages, self.dout_stages
+        q = sq * self.tile_m * head_dim * elem_bytes
+        do = sdo * self.tile_m * head_dim_v * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
         # dS, and P when dK / dV take it from smem
-        ds = (1 + self.dkv_swap_ab) * self.num_stages * self.tile_m * self.tile_n * elem_bytes
-        dq = self.tile_m * head_dim * 4  # fp32 staging for the dQ reduce-add
-        rows = 2 * self.num_stages * self.tile_m * 4  # lse and D per query row
+        ds = (sq + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
+        # fp32 staging for the dQ reduce-add
+        dq = self.tile_m * head_dim * 4 // (1 + self.dq_half_staging)
+        rows = (sq + sdo) * self.tile_m * 4  # lse and D per query row
         return q + do + kv + ds + dq + rows + 1024
 
 
@@ -474,13 +489,13 @@ def bwd_tile_config(
         # 449, 16k causal 416 / 440, 4k 415 / 427, 1k 338 / 345; that variant was removed.
         return BwdTileConfig(dq_swizzle=dq_swizzle, padded_head_dim=128)
     if head_dim > 128:
-        # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows. One stage
-        # of Q, dO, P and dS: with two, D = 256 needs 272 KB of smem (227 KB on SM90). Not
-        # tuned yet: the first measurements are in docs/perf/README.md (tenth session).
+        # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
+        # BWD_HEAD_DIMS). Two Q stages with dQ staged in halves; dO gets two stages where it
+        # fits (dv = 128). All of it in SM90's 227 KB at D = 256 (218 KB).
         pad = 128 if head_dim % 128 or head_dim_v % 128 else 0
         return BwdTileConfig(
-            tile_m=64, tile_n=64, num_stages=1, dkv_swap_ab=True, padded_head_dim=pad,
-            dq_swizzle=dq_swizzle,
+            tile_m=64, tile_n=64, num_stages=2, do_stages=1 if head_dim_v > 128 else 2,
+            dkv_swap_ab=True, dq_half_staging=True, padded_head_dim=pad, dq_swizzle=dq_swizzle,
         )  # fmt: skip
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
