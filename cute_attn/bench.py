@@ -213,8 +213,7 @@ def preset_rows(preset: str) -> list[Row]:
     if preset == "fwd-prefill":
         return _prefill_rows()
     if preset == "bwd":
-        # the backward matrix and D=96 (the D=128 kernel over zero-padded columns):
-        # D=256 rows run the reference (skipped) until the D > 128 backward exists
+        # the backward matrix and D=96 (the D=128 kernel over zero-padded columns)
         return _prefill_rows("bwd", dims=(64, 96, 128, 256))
     if preset == "decode":
         return _decode_rows()

@@ -334,3 +334,34 @@ def test_bwd_dq_staging_swizzle_reaches_the_kernel(tmp_path):
     assert default["swizzle"] == 32 and det["swizzle"] == 128, r
     assert det["reduces"] > 0 and default["reduces"] == 4 * det["reduces"], r
     assert default["spills"] == 0 and det["spills"] == 0, r
+
+
+_WIDE_SNIPPET = r"""
+import json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+cfg = bwd_tile_config(256, 256, True, False)
+spec = BwdSpec("bfloat16", 256, 256, 8, 8, False, True, False, cfg)
+sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+shapes = {}
+for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
+    key = shape + (" tnspA" if "tnspA" in rest else "")
+    shapes[key] = shapes.get(key, 0) + 1
+print(json.dumps({"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                  "shapes": shapes, "swap": cfg.dkv_swap_ab}))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_wide_head_dim_builds_the_swapped_gemms(tmp_path):
+    # D=256 causal: S^T / dP^T as 64 x 32 per warpgroup (the query split), dK^T / dV^T as
+    # 64 x 64 wgmmas with both smem operands transposed, dQ as 64 x 128; no spills
+    r = run_json_snippet(_WIDE_SNIPPET, tmp_path, timeout=900)
+    if not r["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert r["swap"] and r["spills"] == 0, r
+    # per k-step of 16: S^T and dP^T over D = 256 (16 each), dV^T and dK^T over the 64 query
+    # rows in two 64-row head-dim tiles (8 each), dQ over the 64 keys (4)
+    assert r["shapes"] == {"64x32x16": 32, "64x64x16 tnspA": 16, "64x128x16": 4}, r

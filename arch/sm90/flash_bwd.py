@@ -22,8 +22,17 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the 
     tile m only after the key tiles left of it that see m did (a per-(batch, head, m) int32
     semaphore counts them), and waits for its add to land before releasing the next one. The
     fp32 sums then happen in one fixed order: bitwise identical run to run.
-  * padded head dim (BwdTileConfig.padded_head_dim, D = 96): the tiles span 128 columns; TMA
-    zero-fills the columns past the tensors' 96 on load and drops them on store / reduce-add.
+  * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
+    multiple of 128 (96 -> 128, 192 -> 256); TMA zero-fills the columns past the tensors' on
+    load and drops them on store / reduce-add.
+  * head dims past 128 (BwdTileConfig.dkv_swap_ab): 64 keys x 64 query rows. The warpgroups
+    split S^T / dP^T by query columns (32 each); P^T and dS go to smem, and
+        dV^T += dO^T P, dK^T += Q^T dS                  (wgmma SS, both operands transposed)
+    accumulate head-dim rows, 64-row wgmma tiles taken by the warpgroups in turn (D = 256:
+    2 x 64 fp32 registers a thread for dK and dV). dQ = dS K splits its head dim as before.
+    Q has two stages, dO its own count (BwdTileConfig.do_stages), and with dq_half_staging each
+    warpgroup stages its half of dQ in turn in a (64, D / 2) buffer: that fits D = 256 in
+    SM90's smem (218 KB).
 
 Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
