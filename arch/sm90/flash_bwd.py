@@ -561,57 +561,6 @@ class FlashBwdSm90:
                     barrier_id=roles.bar_dq_empty + step * nxt, number_of_threads=threads
                 )
 
-    @cute.jit
-    def _dq_add(
-        self,
-        tma_atom_dQ: cute.CopyAtom,
-        tdQsdQ: cute.Tensor,
-        tdQgdQ: cute.Tensor,
-        sem_bh: cute.Tensor,
-        mask: TileMask,
-        n_block: Int32,
-        m_block: Int32,
-        lane: Int32,
-        first_part: cutlass.Constexpr[bool],
-        last_part: cutlass.Constexpr[bool],
-    ):
-        """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half) into the
-        fp32 accumulator; returns once the staging buffer may be overwritten. Deterministic:
-        the first part waits for this key tile's turn, the last hands the turn on once every
-        part has landed."""
-        turn = sem_bh.iterator + m_block
-        if cutlass.const_expr(self.deterministic and first_part):
-            # My turn comes when the key tiles before mine in a fixed order have added
-            # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
-            # (band mask). Without a right bound they go left to right; with one (causal)
-            # right to left, because the tile nearest the diagonal reaches this query tile
-            # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
-            # the unordered speed at D=128 causal). The tiles waited on have lower block
-            # indices (the grid is reversed in the right-to-left case), so they are
-            # running or done: no deadlock.
-            if cutlass.const_expr(self.has_right):
-                my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
-            else:
-                n_first, _ = mask.n_block_range(m_block)
-                my_turn = n_block - n_first
-            if lane == 0:
-                seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-                while seen != my_turn:
-                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-            cute.arch.sync_warp()
-            cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
-        cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
-        cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and last_part):
-            # every part must have landed in global memory before the next tile's turn
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
-            cute.arch.fence_proxy("async.global")
-            if lane == 0:
-                cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
-        else:
-            # the reduce must have read sdQ before the consumers overwrite it
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-
     # ------------------------------------------------------------------ consumer role
     @cute.jit
     def mma(
@@ -921,3 +870,54 @@ class FlashBwdSm90:
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return r_p
+
+    @cute.jit
+    def _dq_add(
+        self,
+        tma_atom_dQ: cute.CopyAtom,
+        tdQsdQ: cute.Tensor,
+        tdQgdQ: cute.Tensor,
+        sem_bh: cute.Tensor,
+        mask: TileMask,
+        n_block: Int32,
+        m_block: Int32,
+        lane: Int32,
+        first_part: cutlass.Constexpr[bool],
+        last_part: cutlass.Constexpr[bool],
+    ):
+        """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half) into the
+        fp32 accumulator; returns once the staging buffer may be overwritten. Deterministic:
+        the first part waits for this key tile's turn, the last hands the turn on once every
+        part has landed."""
+        turn = sem_bh.iterator + m_block
+        if cutlass.const_expr(self.deterministic and first_part):
+            # My turn comes when the key tiles before mine in a fixed order have added
+            # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
+            # (band mask). Without a right bound they go left to right; with one (causal)
+            # right to left, because the tile nearest the diagonal reaches this query tile
+            # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
+            # the unordered speed at D=128 causal). The tiles waited on have lower block
+            # indices (the grid is reversed in the right-to-left case), so they are
+            # running or done: no deadlock.
+            if cutlass.const_expr(self.has_right):
+                my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
+            else:
+                n_first, _ = mask.n_block_range(m_block)
+                my_turn = n_block - n_first
+            if lane == 0:
+                seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+                while seen != my_turn:
+                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+            cute.arch.sync_warp()
+            cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
+        cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+        cute.arch.cp_async_bulk_commit_group()
+        if cutlass.const_expr(self.deterministic and last_part):
+            # every part must have landed in global memory before the next tile's turn
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.fence_proxy("async.global")
+            if lane == 0:
+                cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
+        else:
+            # the reduce must have read sdQ before the consumers overwrite it
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
