@@ -182,11 +182,18 @@ def test_bwd_deterministic_bitwise_over_20_runs(causal, d):
 
 
 @pytest.mark.gpu
-def test_bwd_unserved_head_dim_falls_back_to_reference():
+def test_bwd_unserved_problem_falls_back_to_reference(monkeypatch):
+    # every head dim the forward kernel serves has a backward kernel now, so no real problem
+    # reaches the fallback after a kernel forward: force the backward's reason to check it
+    # end to end (the exact reference backward, recorded with its reason)
+    import cute_attn.bwd_sm90 as host
+
+    monkeypatch.setattr(host, "bwd_unsupported_reason", lambda p, tensors: "forced by the test")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        _check(*_inputs(1, 70, 90, 2, 1, 80, 80, torch.bfloat16), causal=True,
+        _check(*_inputs(1, 70, 90, 2, 1, 256, 256, torch.bfloat16), causal=True,
                expect="reference")  # fmt: skip
+    assert "forced by the test" in last_backward_dispatch().reason
 
 
 @pytest.mark.gpu

@@ -411,7 +411,8 @@ class BwdTileConfig:
             if self.num_stages not in (1, 2) or self.dout_stages not in (1, 2):
                 raise ValueError(f"stages ({self.num_stages}, {self.do_stages}) must be 1 or 2")
             if self.dout_stages > self.num_stages:
-                # P's and dS's reuse is ordered through the dO pipeline (FlashBwdSm90.mma)
+                # not an ordering need (FlashBwdSm90.mma orders P by dO's pipeline, dS by Q's):
+                # the GPU tests ran (2, 1) and (2, 2), the table's, and nothing else is built
                 raise ValueError("do_stages must not exceed num_stages")
             return
         if self.dq_half_staging:
