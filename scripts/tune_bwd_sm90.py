@@ -46,6 +46,13 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d96-4k": (4, 4096, 21, 96, False),
     "d96-4k-causal": (4, 4096, 21, 96, True),
     "d96-1k": (16, 1024, 21, 96, False),
+    # the wide (dkv_swap_ab) tiles: D=256 as in the bwd preset (8 heads), D=192 on 256 columns
+    "d256-16k": (1, 16384, 8, 256, False),
+    "d256-16k-causal": (1, 16384, 8, 256, True),
+    "d256-4k": (4, 4096, 8, 256, False),
+    "d256-4k-causal": (4, 4096, 8, 256, True),
+    "d256-1k": (16, 1024, 8, 256, False),
+    "d192-4k": (4, 4096, 10, 192, False),
 }
 
 INNER = 3
