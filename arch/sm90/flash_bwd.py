@@ -670,12 +670,12 @@ class FlashBwdSm90:
             pipe_kv.consumer_wait(kv_state)
             consumer = pipeline.PipelineUserType.Consumer
             state = pipeline.make_pipeline_state(consumer, self.num_stages)
-            # dO, D and P: their own stages (BwdTileConfig.do_stages). No warp overwrites a
-            # stage of P or dS another warp still reads: P's stage of tile m is rewritten in
-            # tile m + do_stages after that tile's dO wait, so after every warp released dO of
+            # dO, D and P: their own stages (BwdTileConfig.do_stages), with a state of their
+            # own even when the stage counts agree (see load). No warp overwrites a stage of P
+            # or dS another warp still reads: P's stage of tile m is rewritten in tile
+            # m + do_stages after that tile's dO wait, so after every warp released dO of
             # tile m, which each does once its dV GEMM (P's reader) is done; dS's (Q's stage)
-            # in tile m + num_stages after Q's wait, so after every warp finished tile m's dK
-            # its own state even when the stage counts agree (see load)
+            # in tile m + num_stages after Q's wait, so after every warp finished tile m's dK.
             state_do = pipeline.make_pipeline_state(consumer, self.do_stages)
             # (test each tile, first, end) segments of the query tiles: with split_mask_loops
             # the ones every key of this tile sees fully run without mask code or per-tile test
