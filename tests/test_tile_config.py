@@ -258,7 +258,7 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             cfg = bwd_tile_config(d, dv, causal, local, softcap, det)
             assert cfg.dkv_swap_ab and cfg.dq_half_staging
             assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 64, 2)
-            assert cfg.dout_stages == (2 if dv == 128 else 1)
+            assert cfg.do_stages == (2 if dv == 128 else 1)
             assert cfg.tile_head_dims(d, dv) == tile
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
         # what does not fit: a second dO stage at dv = 256, or the whole dQ staged at once
@@ -268,7 +268,7 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
     for d in (64, 96, 128):
         cfg = bwd_tile_config(d, d, True, False)
-        assert not cfg.dkv_swap_ab and not cfg.dq_half_staging and cfg.dout_stages == 2
+        assert not cfg.dkv_swap_ab and not cfg.dq_half_staging and cfg.do_stages == 2
     with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
         BwdTileConfig(tile_n=128, dkv_swap_ab=True)
     with pytest.raises(ValueError, match="must be 1 or 2"):

@@ -154,7 +154,7 @@ class FlashBwdSm90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
-        self.do_stages = cfg.dout_stages
+        self.do_stages = cfg.do_stages
         self.dq_halves = cfg.dq_half_staging
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)

@@ -370,7 +370,7 @@ class BwdTileConfig:
     tile_m: int = 64  # query rows per mainloop iteration
     tile_n: int = 128  # keys per CTA
     num_stages: int = 2  # Q (with lse) and dS smem stages
-    do_stages: int = 0  # dO (with D) and, under dkv_swap_ab, P smem stages; 0: num_stages
+    do_stages: int = 2  # dO (with D) and, under dkv_swap_ab, P smem stages
     num_mma_warpgroups: int = 2
     # walk the query tiles that see every key of the CTA's tile as a loop of their own,
     # without mask code or a per-tile test (the forward's switch of the same name)
@@ -394,10 +394,6 @@ class BwdTileConfig:
     # (tile_m, D / 2) buffer, which halves the staging smem (64 KB -> 32 KB at D = 256)
     dq_half_staging: bool = False
 
-    @property
-    def dout_stages(self) -> int:
-        return self.do_stages or self.num_stages
-
     def __post_init__(self):
         if self.padded_head_dim not in (0, 128):
             raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
@@ -408,9 +404,9 @@ class BwdTileConfig:
             # and dQ (64 rows) splits its head dim
             if self.tile_n != 64 or self.tile_m != 64:
                 raise ValueError("dkv_swap_ab takes tile_m = tile_n = 64")
-            if self.num_stages not in (1, 2) or self.dout_stages not in (1, 2):
+            if self.num_stages not in (1, 2) or self.do_stages not in (1, 2):
                 raise ValueError(f"stages ({self.num_stages}, {self.do_stages}) must be 1 or 2")
-            if self.dout_stages > self.num_stages:
+            if self.do_stages > self.num_stages:
                 # not an ordering need (FlashBwdSm90.mma orders P by dO's pipeline, dS by Q's):
                 # the GPU tests ran (2, 1) and (2, 2), the table's, and nothing else is built
                 raise ValueError("do_stages must not exceed num_stages")
@@ -422,7 +418,7 @@ class BwdTileConfig:
         if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
             # dQ's wgmma takes 64 rows per warpgroup: split over rows or over the head dim
             raise ValueError(f"tile_m {self.tile_m} must be 64 or 64 * num_mma_warpgroups")
-        if self.num_stages != 2 or self.dout_stages != 2:
+        if self.num_stages != 2 or self.do_stages != 2:
             raise ValueError("the backward double-buffers Q, dO and dS: num_stages must be 2")
 
     def tile_head_dims(self, head_dim: int, head_dim_v: int) -> tuple[int, int]:
@@ -434,7 +430,7 @@ class BwdTileConfig:
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         head_dim, head_dim_v = self.tile_head_dims(head_dim, head_dim_v)
-        sq, sdo = self.num_stages, self.dout_stages
+        sq, sdo = self.num_stages, self.do_stages
         q = sq * self.tile_m * head_dim * elem_bytes
         do = sdo * self.tile_m * head_dim_v * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
