@@ -13,7 +13,7 @@ import torch
 # load with the entry points rather than inside the first call: once the kernel is in the disk
 # cache, a fresh process's first call is then the load and the launch (docs/perf/README.md,
 # "Cold start"). Neither imports cutlass: the DSL loads only when a kernel must be compiled.
-from . import dispatch, fwd_sm90, inference, reference  # noqa: F401
+from . import dispatch, fwd_sm90, inference, reference
 from .validation import (
     _can_read_values,
     _check_bool,
@@ -40,9 +40,7 @@ class _KernelAttn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, problem):
-        from .fwd_sm90 import run_fwd
-
-        out, lse = run_fwd(q, k, v, problem)
+        out, lse = fwd_sm90.run_fwd(q, k, v, problem)
         ctx.problem = problem
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
@@ -135,9 +133,7 @@ def flash_attn_func(
                 return _KernelAttn.apply(q, k, v, p)
             if launch is not None:
                 return launch(q, k, v)
-            from .fwd_sm90 import run_fwd
-
-            return run_fwd(q, k, v, p)
+            return fwd_sm90.run_fwd(q, k, v, p)
     p = validate_dense(
         q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
@@ -181,15 +177,13 @@ def _backward(
 def _run(q, k, v, p, fallback, memo_key=None):
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
     if d.impl == "sm90_fwd":
-        from .fwd_sm90 import dense_launcher, run_fwd
-
         if memo_key is not None:
             if len(_dense_memo) >= _DENSE_MEMO_MAX:
                 _dense_memo.clear()
-            _dense_memo[memo_key] = (p, d, dense_launcher(q, p))
+            _dense_memo[memo_key] = (p, d, fwd_sm90.dense_launcher(q, p))
         if _needs_grad(q, k, v):
             return _KernelAttn.apply(q, k, v, p)
-        return run_fwd(q, k, v, p)
+        return fwd_sm90.run_fwd(q, k, v, p)
     out, lse = reference.attention_ref(
         q, k, v, softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
         softcap=p.softcap, compute_dtype=_ref_compute_dtype(q.dtype),
@@ -238,13 +232,11 @@ def flash_attn_varlen_func(
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
                         entry="flash_attn_varlen_func")  # fmt: skip
     if d.impl == "sm90_fwd":
-        from .fwd_sm90 import index_flags, run_fwd_varlen
-
         # the index checks are flagged on the device and read after the launch, as for a
         # read-only KV-cache call (the kernel clamps offsets and lengths into its tensors)
         if check is not None:
-            check.defer(index_flags)
-        res = run_fwd_varlen(
+            check.defer(fwd_sm90.index_flags)
+        res = fwd_sm90.run_fwd_varlen(
             q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
             cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
             seqused_k=None if seqused_k is None else seqused_k.contiguous(),
@@ -327,10 +319,8 @@ def flash_attn_with_kvcache(
             if launch is None:
                 return _kvcache_kernel(q, k_cache, v_cache, p, check, cache_seqlens,
                                        cache_batch_idx, page_table)  # fmt: skip
-            from .fwd_sm90 import index_flags
-
             if check is not None:
-                check.defer(index_flags)
+                check.defer(fwd_sm90.index_flags)
             # the signature holds int32 (B,) cache_seqlens on q's device, unit-stride indices
             res = launch(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table)
             if check is not None:
@@ -409,11 +399,9 @@ def _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page
 
 
 def _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx) -> None:
-    from .fwd_sm90 import kvcache_launcher
-
     if len(_kvcache_memo) >= _DENSE_MEMO_MAX:
         _kvcache_memo.clear()
-    launch = kvcache_launcher(
+    launch = fwd_sm90.kvcache_launcher(
         q, k_cache, p, batch_idx=cache_batch_idx is not None, paged=page_table is not None
     )
     _kvcache_memo[key] = (p, d, values, launch)
@@ -422,11 +410,9 @@ def _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx
 def _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table):
     """The SM90 kernel over a validated, already appended cache; a given check is deferred
     behind its flags launch and read after the kernel's."""
-    from .fwd_sm90 import index_flags, run_fwd_kvcache
-
     if check is not None:
-        check.defer(index_flags)  # one launch ahead of the kernel, read after it
-    res = run_fwd_kvcache(
+        check.defer(fwd_sm90.index_flags)  # one launch ahead of the kernel, read after it
+    res = fwd_sm90.run_fwd_kvcache(
         q, k_cache, v_cache, p, seqused_k=seqused_k.contiguous(),
         kv_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
         page_table=None if page_table is None else _rows_contiguous(page_table),
