@@ -256,27 +256,40 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
         assert (d, dv) in BWD_HEAD_DIMS
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
             cfg = bwd_tile_config(d, dv, causal, local, softcap, det)
-            assert cfg.dkv_swap_ab and cfg.dq_half_staging
+            assert cfg.dkv_swap_ab and cfg.dq_half_staging and cfg.dq_stages == 1
+            # the warpgroups take turns on one half buffer: the wide TMA boxes drain it faster
+            assert cfg.dq_swizzle == 128
             assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 64, 2)
             assert cfg.do_stages == (2 if dv == 128 else 1)
             assert cfg.tile_head_dims(d, dv) == tile
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
         # what does not fit: a second dO stage at dv = 256, or the whole dQ staged at once
+        # (one buffer, or one half buffer per warpgroup)
         cfg = bwd_tile_config(d, dv, False, False)
         assert dataclasses.replace(cfg, dq_half_staging=False).smem_bytes(d, dv) > SMEM_BYTES_SM90
+        assert dataclasses.replace(cfg, dq_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
         if dv > 128:
             assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
     for d in (64, 96, 128):
-        cfg = bwd_tile_config(d, d, True, False)
-        assert not cfg.dkv_swap_ab and not cfg.dq_half_staging and cfg.do_stages == 2
+        for causal, local, softcap, det in itertools.product((False, True), repeat=4):
+            cfg = bwd_tile_config(d, d, causal, local, softcap, det)
+            assert not cfg.dkv_swap_ab and cfg.do_stages == 2
+            assert cfg.smem_bytes(d, d) <= SMEM_BYTES_SM90
+            # 64 query rows split dQ by head dim: each warpgroup stages its half in a buffer
+            # of its own; D=64's 128-row tile splits dQ by rows and stages it whole
+            assert (cfg.dq_half_staging, cfg.dq_stages) == (
+                (True, 2) if cfg.tile_m == 64 else (False, 1)
+            )
     with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
         BwdTileConfig(tile_n=128, dkv_swap_ab=True)
     with pytest.raises(ValueError, match="must be 1 or 2"):
         BwdTileConfig(tile_n=64, num_stages=3, dkv_swap_ab=True)
     with pytest.raises(ValueError, match="do_stages must not exceed"):
         BwdTileConfig(tile_n=64, num_stages=1, do_stages=2, dkv_swap_ab=True)
-    with pytest.raises(ValueError, match="dq_half_staging"):
-        BwdTileConfig(dq_half_staging=True)
+    with pytest.raises(ValueError, match="dq_half_staging needs tile_m = 64"):
+        BwdTileConfig(tile_m=128, dq_half_staging=True)
+    with pytest.raises(ValueError, match="dq_stages 3"):
+        BwdTileConfig(dq_stages=3)
 
 
 def test_bwd_row_threads():

@@ -85,9 +85,9 @@ class BwdRoles:
     bar_ds: int = 2  # both consumer warpgroups wrote their half of dS
     bar_dq_full: int = 3  # consumers -> dQ writer: sdQ holds a partial
     bar_dq_empty: int = 4  # dQ writer -> consumers: sdQ may be overwritten
-    # with dq_half_staging warpgroup w hands over its half on bar_dq_full + 2 w and waits for
-    # the buffer on bar_dq_empty + 2 w (ids 3 / 4 and 5 / 6)
-    bar_dq_wg_step: int = 2
+    # dQ staging slot s (warpgroup s's half under dq_half_staging, buffer s under dq_stages =
+    # 2) is handed over on bar_dq_full + 2 s and freed on bar_dq_empty + 2 s (ids 3 / 4, 5 / 6)
+    bar_dq_slot_step: int = 2
 
     @property
     def num_threads(self) -> int:
@@ -155,7 +155,12 @@ class FlashBwdSm90:
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         self.do_stages = cfg.do_stages
+        # dQ staging (BwdTileConfig.dq_half_staging / dq_stages): the whole tile in one buffer
+        # or two alternating ones, or each warpgroup's head-dim half in turn in one buffer or
+        # each in a buffer of its own
         self.dq_halves = cfg.dq_half_staging
+        self.dq_wg_bufs = cfg.dq_half_staging and cfg.dq_stages == 2
+        self.dq_alt_bufs = not cfg.dq_half_staging and cfg.dq_stages == 2
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)
         self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups
@@ -242,11 +247,16 @@ class FlashBwdSm90:
         # P^T's 16-bit copy for dV^T under swap_dkv, staged with dO (see mma)
         sP_layout = smem_layout(self.dtype, tm, tn, do_stages)
         p_size = cute.cosize(sP_layout) if cutlass.const_expr(self.swap_dkv) else 1
+        p_align = 1024 if cutlass.const_expr(self.swap_dkv) else 16
         # fp32 dQ staging, swizzled as the config says (BwdTileConfig.dq_swizzle)
         dq_atom_kind = DQ_SWIZZLE_ATOMS[self.config.dq_swizzle]
         sdQ_atom = warpgroup.make_smem_layout_atom(dq_atom_kind, Float32)
         dq_cols = d // nwg if cutlass.const_expr(self.dq_halves) else d
-        sdQ_layout = cute.tile_to_shape(sdQ_atom, (tm, dq_cols), order=(0, 1))
+        # (tm, dq_cols, dq_stages): two buffers are one per warpgroup (halves) or alternate by
+        # query tile, so the consumers fill one while the writer's reduce reads the other
+        sdQ_layout = cute.tile_to_shape(
+            sdQ_atom, (tm, dq_cols, self.config.dq_stages), order=(0, 1, 2)
+        )
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -271,7 +281,7 @@ class FlashBwdSm90:
         tma_atom_dV, tma_dV = tma(tma_store, mdV, sV_layout, (tn, dv))
         tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-            tma_reduce, mdQacc, sdQ_layout, (tm, dq_cols)
+            tma_reduce, mdQacc, cute.select(sdQ_layout, mode=[0, 1]), (tm, dq_cols)
         )
 
         def tile_bytes(layout):
@@ -291,12 +301,17 @@ class FlashBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_size], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            # unused without swap_dkv: a 16-byte-aligned stub there, which costs no 1 KB pad
+            # (D=128 with dq_stages = 2 needs all but 896 B of the 227 KB)
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_size], p_align]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
 
         self.shared_storage = SharedStorage
+        # the config's estimate (checked in _setup_attributes) leaves out alignment padding
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > SMEM_BYTES_SM90):
+            raise ValueError(f"shared storage {SharedStorage.size_in_bytes()} B > SM90's smem")
 
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
@@ -538,27 +553,39 @@ class FlashBwdSm90:
         parts, threads = 1, roles.dq_sync_threads
         if cutlass.const_expr(self.dq_halves):
             parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
-        step = roles.bar_dq_wg_step
+        step = roles.bar_dq_slot_step
         gdQ = cute.local_tile(
             mdQacc[None, None, head, batch], (self.tile_m, self.tile_d // parts), (None, None)
         )
         tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
-        # sdQ starts empty (for the first part's warpgroup)
-        cute.arch.barrier_arrive(barrier_id=roles.bar_dq_empty, number_of_threads=threads)
+        # every slot starts empty (with one shared half buffer: for the first warpgroup)
+        for slot in cutlass.range_constexpr(self.config.dq_stages):
+            cute.arch.barrier_arrive(
+                barrier_id=roles.bar_dq_empty + step * slot, number_of_threads=threads
+            )
         for m_block in cutlass.range(m_min, m_max, unroll=1):
+            tile_buf = 0
+            if cutlass.const_expr(self.dq_alt_bufs):
+                tile_buf = (m_block - m_min) % 2  # the consumers' count (see mma)
             for part in cutlass.range_constexpr(parts):
-                # warpgroup `part` staged its part (all of dQ when parts == 1)
+                # warpgroup `part` staged its part (all of dQ when parts == 1); the slot (its
+                # barrier pair) is the part, or the buffer of alternating ones
+                slot = part + tile_buf
+                buf = part if cutlass.const_expr(self.dq_wg_bufs) else tile_buf
                 cute.arch.barrier(
-                    barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
+                    barrier_id=roles.bar_dq_full + step * slot, number_of_threads=threads
                 )
                 self._dq_add(
-                    tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block, part], sem_bh, mask, n_block,
-                    m_block, lane, part == 0, part == parts - 1,
+                    tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ[None, m_block, part], sem_bh, mask,
+                    n_block, m_block, lane, part == 0, part == parts - 1,
                 )  # fmt: skip
-                # the buffer goes to the next part's warpgroup (the first one's next tile)
-                nxt = (part + 1) % parts
+                # free the slot; one shared half buffer goes to the next part's warpgroup
+                # (the first one's next tile)
+                free = slot
+                if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
+                    free = (part + 1) % parts
                 cute.arch.barrier_arrive(
-                    barrier_id=roles.bar_dq_empty + step * nxt, number_of_threads=threads
+                    barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
                 )
 
     # ------------------------------------------------------------------ consumer role
@@ -651,9 +678,12 @@ class FlashBwdSm90:
         # the dQ handoff: the writer's barriers for this warpgroup's part, or for all of dQ
         bar_dq_full, bar_dq_empty = roles.bar_dq_full, roles.bar_dq_empty
         dq_threads = roles.dq_sync_threads
+        dq_buf = 0  # this warpgroup's staging buffer (see the loop for alternating ones)
         if cutlass.const_expr(self.dq_halves):
-            bar_dq_full = roles.bar_dq_full + roles.bar_dq_wg_step * wg
-            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_wg_step * wg
+            bar_dq_full = roles.bar_dq_full + roles.bar_dq_slot_step * wg
+            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_slot_step * wg
+            if cutlass.const_expr(self.dq_wg_bufs):
+                dq_buf = wg
             dq_threads = roles.dq_half_sync_threads
 
         # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
@@ -695,7 +725,9 @@ class FlashBwdSm90:
                     pipe_q.consumer_wait(state)
                     gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
                     # this thread's query columns of lse_log2 / D, read from smem where used
-                    t_lse = acc_as_rows_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
+                    # (loading lse into registers here, before the GEMMs, measured no faster:
+                    # tune_bwd_lse_dq2_h200.json)
+                    t_lse = self._query_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
                     pipe_do.consumer_wait(state_do)
                     gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do], True)
                     warpgroup.wait_group(1)
@@ -705,7 +737,7 @@ class FlashBwdSm90:
                     if cutlass.const_expr(test_mask):
                         if mask.tile_needs_mask(m_block, n_block):
                             mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
-                    t_dsum = acc_as_rows_cols(thr_sdp.partition_C(sDsum_st[None, None, stage_do]))
+                    t_dsum = self._query_cols(thr_sdp.partition_C(sDsum_st[None, None, stage_do]))
                     r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
                     r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
                     r_ds.store(acc_dp.load().to(self.dtype))
@@ -751,23 +783,39 @@ class FlashBwdSm90:
                         )  # fmt: skip
                     warpgroup.wait_group(1)  # dV and dQ done
                     pipe_do.consumer_release(state_do)
-                    # ---- hand the dQ partial to the writer warp
-                    cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
-                    tdQsdQ.store(acc_dq.load())
+                    # ---- hand the dQ partial to the writer warp (in buffer `buf`, which the
+                    # writer reads in the same order: query tiles m_min.. one after another)
+                    slot_bar, buf = 0, dq_buf
+                    if cutlass.const_expr(self.dq_alt_bufs):
+                        buf = (m_block - m_min) % 2
+                        slot_bar = roles.bar_dq_slot_step * buf
+                    cute.arch.barrier(
+                        barrier_id=bar_dq_empty + slot_bar, number_of_threads=dq_threads
+                    )
+                    tdQsdQ[None, None, None, buf].store(acc_dq.load())
                     cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=bar_dq_full, number_of_threads=dq_threads)
+                    cute.arch.barrier_arrive(
+                        barrier_id=bar_dq_full + slot_bar, number_of_threads=dq_threads
+                    )
                     warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
                     pipe_q.consumer_release(state)
                     state.advance()
                     state_do.advance()
             pipe_kv.consumer_release(kv_state)
-        # balance the writer's last arrive on dq_empty (it also means the last reduce read
-        # sdQ); with dq_half_staging that arrive is the first warpgroup's, on its own barrier
-        if cutlass.const_expr(self.dq_halves):
+        # balance the writer's last arrive on each buffer's dq_empty (it also means the last
+        # reduce read sdQ); with dq_half_staging that arrive is the first warpgroup's, on its
+        # own barrier
+        if cutlass.const_expr(self.dq_wg_bufs):
+            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+        elif cutlass.const_expr(self.dq_halves):
             if wg == 0:
                 cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         else:
-            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+            for b in cutlass.range_constexpr(self.config.dq_stages):
+                cute.arch.barrier(
+                    barrier_id=bar_dq_empty + roles.bar_dq_slot_step * b,
+                    number_of_threads=dq_threads,
+                )
         self.epilogue(
             tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sK, sV,
             acc_dk, acc_dv, tidx, n_block, head, batch, softmax_scale,
@@ -830,6 +878,12 @@ class FlashBwdSm90:
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
+    def _query_cols(self, tSsX: cute.Tensor) -> cute.Tensor:
+        """A per-query-row statistic (lse_log2 or D) for each query column of this thread's
+        S^T elements, in smem: tSsX is the S^T partition of its stride-0 (key, query) view."""
+        return acc_as_rows_cols(tSsX)[0, None]
+
+    @cute.jit
     def _probs_and_ds(
         self,
         acc_s: cute.Tensor,
@@ -853,20 +907,20 @@ class FlashBwdSm90:
         if cutlass.const_expr(not self.has_softcap):
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[0, j], fastmath=True)
+                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[j], fastmath=True)
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[0, j])
+                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[j])
         else:
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
                     t = s[r, j]
-                    p = cute.math.exp2(t * scale_log2 - t_lse[0, j], fastmath=True)
+                    p = cute.math.exp2(t * scale_log2 - t_lse[j], fastmath=True)
                     s[r, j] = p
                     dtanh = cute.arch.fmax(1.0 - t * t, Float32(0.0))
-                    dp[r, j] = p * (dp[r, j] - t_dsum[0, j]) * dtanh
+                    dp[r, j] = p * (dp[r, j] - t_dsum[j]) * dtanh
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return r_p

@@ -393,8 +393,14 @@ class BwdTileConfig:
     # stage dQ (fp32) one warpgroup's head-dim half at a time: the warpgroups take turns on a
     # (tile_m, D / 2) buffer, which halves the staging smem (64 KB -> 32 KB at D = 256)
     dq_half_staging: bool = False
+    # fp32 dQ staging buffers. With 2 the consumers stage dQ while the writer warp's reduce-add
+    # still reads the other buffer: query tile m - 1's whole tile (alternating buffers), or,
+    # under dq_half_staging, each warpgroup its half in a buffer of its own (no turns)
+    dq_stages: int = 1
 
     def __post_init__(self):
+        if self.dq_stages not in (1, 2):
+            raise ValueError(f"dq_stages {self.dq_stages} must be 1 or 2")
         if self.padded_head_dim not in (0, 128):
             raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
         if self.dq_swizzle not in (32, 64, 128):
@@ -411,8 +417,9 @@ class BwdTileConfig:
                 # the GPU tests ran (2, 1) and (2, 2), the table's, and nothing else is built
                 raise ValueError("do_stages must not exceed num_stages")
             return
-        if self.dq_half_staging:
-            raise ValueError("dq_half_staging is written for the dkv_swap_ab tiles")
+        if self.dq_half_staging and self.tile_m != 64:
+            # the halves are the warpgroups' head-dim halves of dQ: dQ split by head dim
+            raise ValueError("dq_half_staging needs tile_m = 64 (dQ split by head dim)")
         if self.tile_n != 64 * self.num_mma_warpgroups:
             raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
         if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
@@ -437,7 +444,7 @@ class BwdTileConfig:
         # dS, and P when dK / dV take it from smem
         ds = (sq + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
         # fp32 staging for the dQ reduce-add
-        dq = self.tile_m * head_dim * 4 // (1 + self.dq_half_staging)
+        dq = self.dq_stages * self.tile_m * head_dim * 4 // (1 + self.dq_half_staging)
         rows = (sq + sdo) * self.tile_m * 4  # lse and D per query row
         return q + do + kv + ds + dq + rows + 1024
 
@@ -484,18 +491,37 @@ def bwd_tile_config(
         # Its own 96-column tiles with dQ on one warpgroup (N = 96) lost to it
         # (tune_bwd_d96_single_dq_h200.json, round-robin, TFLOP/s, own / padded): 16k 431 /
         # 449, 16k causal 416 / 440, 4k 415 / 427, 1k 338 / 345; that variant was removed.
-        return BwdTileConfig(dq_swizzle=dq_swizzle, padded_head_dim=128)
+        # dQ staged as at D = 128 (below; not timed at D = 96 on its own)
+        return BwdTileConfig(
+            dq_swizzle=dq_swizzle, padded_head_dim=128, dq_half_staging=True, dq_stages=2
+        )
     if head_dim > 128:
         # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
         # BWD_HEAD_DIMS). Two Q stages with dQ staged in halves; dO gets two stages where it
         # fits (dv = 128). All of it in SM90's 227 KB at D = 256 (218 KB).
+        # The warpgroups take turns on one half-size dQ buffer, so the writer's reduce of the
+        # first half must have read it before the second is staged: there the 128-byte
+        # swizzle's 4 TMA boxes a half beat the 32-byte one's 16 (tune_bwd_d256_sw_h200.json,
+        # round-robin, TFLOP/s, swizzle 32 / 64 / 128): D=256 16k 322 / 393 / 407, 16k causal
+        # 320 / 405 / 416, 4k 304 / 375 / 399, 4k causal 292 / 343 / 355, 1k 273 / 321 / 336;
+        # D=192 4k 282 / 294 / 305. One Q stage with a buffer per warpgroup (no turns) lost:
+        # 4k 301 with the 32-byte swizzle, 281 with the 128-byte (tune_bwd_d256_dq_h200.json).
         pad = 128 if head_dim % 128 or head_dim_v % 128 else 0
         return BwdTileConfig(
             tile_m=64, tile_n=64, num_stages=2, do_stages=1 if head_dim_v > 128 else 2,
-            dkv_swap_ab=True, dq_half_staging=True, padded_head_dim=pad, dq_swizzle=dq_swizzle,
+            dkv_swap_ab=True, dq_half_staging=True, padded_head_dim=pad, dq_swizzle=128,
         )  # fmt: skip
     # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
     # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
     # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
     # causal 327 / 328: within noise, off (it doubles the main loop's code).
-    return BwdTileConfig(dq_swizzle=dq_swizzle)
+    # dQ staged per warpgroup: each stages its head-dim half in a buffer of its own and hands
+    # it to the writer on its own barriers (the same 32 KB as one whole-tile buffer), so
+    # neither waits for the other's half. Two round-robin runs, TFLOP/s, whole tile / per
+    # warpgroup (tune_bwd_d128_dq_h200.json, tune_bwd_d128_sw_h200.json): 16k 561 / 558 and
+    # 566 / 564, 16k causal 581 / 592 and 574 / 592, 4k 545 / 556 and 529 / 547, 1k causal
+    # 330 / 335, 1k 434 / 443; with the 64- or 128-byte swizzle it lost (16k causal 535, 536).
+    # Deterministic, whole tile / alternating whole tiles / per warpgroup (128-byte swizzle):
+    # 16k 502 / 540 / 549, 16k causal 481 / 504 / 526, 4k 450 / 461 / 475, 1k causal 294 / 307
+    # / 305.
+    return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
