@@ -71,7 +71,14 @@ HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 @pytest.mark.parametrize("d,dv", HEAD_DIMS)
 @pytest.mark.parametrize("sq,sk", SEQLENS)
 @pytest.mark.parametrize("mode", SWEEP_MODES)
-def test_bwd_sweep(dtype, d, dv, sq, sk, mode):
+def test_bwd_sweep(request, dtype, d, dv, sq, sk, mode):
+    if (dtype, d, sq, sk, mode) == (torch.bfloat16, 256, 239, 1, "full"):
+        # A known failure, kept visible rather than given a wider tolerance. With one key the
+        # exact dS (so dK) is 0; the kernel's D = rowsum(dO * O) uses the bf16 O, so dP - D is
+        # rounding noise summed over D = 256 (FA4 computes D the same way). H200: dK max
+        # error 2.22e-5 against the rule's 2 * 5.66e-6 + 1.00e-5 = 2.13e-5, with either dQ
+        # swizzle (dK does not depend on it). Strict: a pass is reported and must be looked at.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="dK noise at one key, D=256"))
     _check(*_inputs(sweep_batch(sq, sk), sq, sk, 6, 2, d, dv, dtype), **mode_kwargs(mode))
 
 
