@@ -52,6 +52,7 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d256-4k": (4, 4096, 8, 256, False),
     "d256-4k-causal": (4, 4096, 8, 256, True),
     "d256-1k": (16, 1024, 8, 256, False),
+    "d256-1k-causal": (16, 1024, 8, 256, True),
     "d192-4k": (4, 4096, 10, 192, False),
 }
 

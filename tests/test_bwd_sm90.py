@@ -103,7 +103,7 @@ def test_bwd_wide_gqa_windows(d, dv, h, hkv, window, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])
 @pytest.mark.parametrize(
     "kw",

@@ -5,7 +5,10 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the 
   * warpgroup 0 (registers lowered by setmaxnreg): warp 0 loads K and V once and then Q with
     lse and dO with D per query tile by TMA into two-stage mbarrier pipelines; warp 1 is the
     dQ writer: it adds each query tile's dQ partial (fp32, staged in smem) into the global
-    fp32 accumulator with a TMA bulk reduce-add;
+    fp32 accumulator with a TMA bulk reduce-add. Staging (BwdTileConfig.dq_half_staging,
+    dq_stages): the whole tile handed over by both warpgroups together, or each warpgroup's
+    head-dim half in a buffer of its own on its own named barriers (D <= 128 at 64 query rows),
+    or the two halves in turn in one buffer (past D = 128, for smem);
   * warpgroups 1..2 (registers raised) each own 64 of the keys. Per query tile, with the
     transposed products so the key rows stay in registers:
         S^T = K Q^T, dP^T = V dO^T                     (wgmma SS)
@@ -303,7 +306,7 @@ class FlashBwdSm90:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
             # unused without swap_dkv: a 16-byte-aligned stub there, which costs no 1 KB pad
-            # (D=128 with dq_stages = 2 needs all but 896 B of the 227 KB)
+            # (D=128 with two whole-tile dQ buffers needs all but 896 B of the 227 KB)
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_size], p_align]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
@@ -802,9 +805,9 @@ class FlashBwdSm90:
                     state.advance()
                     state_do.advance()
             pipe_kv.consumer_release(kv_state)
-        # balance the writer's last arrive on each buffer's dq_empty (it also means the last
-        # reduce read sdQ); with dq_half_staging that arrive is the first warpgroup's, on its
-        # own barrier
+        # balance the writer's last arrive on each slot's dq_empty (it also means the last
+        # reduce read sdQ): with a buffer per warpgroup each waits on its own; with one shared
+        # half buffer that arrive is the first warpgroup's; else one per buffer
         if cutlass.const_expr(self.dq_wg_bufs):
             cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         elif cutlass.const_expr(self.dq_halves):

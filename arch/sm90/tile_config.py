@@ -390,8 +390,9 @@ class BwdTileConfig:
     # and 64 rows of head dim), so D = 256 needs 2 x 64 fp32 registers a thread for dK and dV
     # instead of 2 x 128. S^T / dP^T split their query columns over the warpgroups.
     dkv_swap_ab: bool = False
-    # stage dQ (fp32) one warpgroup's head-dim half at a time: the warpgroups take turns on a
-    # (tile_m, D / 2) buffer, which halves the staging smem (64 KB -> 32 KB at D = 256)
+    # stage dQ (fp32) by the warpgroups' head-dim halves, each handed to the writer on its own
+    # barriers: with dq_stages = 1 the warpgroups take turns on one (tile_m, D / 2) buffer,
+    # which halves the staging smem (64 KB -> 32 KB at D = 256); with 2 each has its own
     dq_half_staging: bool = False
     # fp32 dQ staging buffers. With 2 the consumers stage dQ while the writer warp's reduce-add
     # still reads the other buffer: query tile m - 1's whole tile (alternating buffers), or,
@@ -506,6 +507,8 @@ def bwd_tile_config(
         # 320 / 405 / 416, 4k 304 / 375 / 399, 4k causal 292 / 343 / 355, 1k 273 / 321 / 336;
         # D=192 4k 282 / 294 / 305. One Q stage with a buffer per warpgroup (no turns) lost:
         # 4k 301 with the 32-byte swizzle, 281 with the 128-byte (tune_bwd_d256_dq_h200.json).
+        # split_mask_loops under the causal mask, off / on (tune_bwd_d256_split_h200.json):
+        # 4k 372 / 370, 16k 408 / 408, 1k 262 / 261: off.
         pad = 128 if head_dim % 128 or head_dim_v % 128 else 0
         return BwdTileConfig(
             tile_m=64, tile_n=64, num_stages=2, do_stages=1 if head_dim_v > 128 else 2,
