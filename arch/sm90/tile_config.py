@@ -526,5 +526,6 @@ def bwd_tile_config(
     # 330 / 335, 1k 434 / 443; with the 64- or 128-byte swizzle it lost (16k causal 535, 536).
     # Deterministic, whole tile / alternating whole tiles / per warpgroup (128-byte swizzle):
     # 16k 502 / 540 / 549, 16k causal 481 / 504 / 526, 4k 450 / 461 / 475, 1k causal 294 / 307
-    # / 305.
+    # / 305. D=64 with softcap or a left window (64 query rows) lands here too: its GPU tests
+    # ran this staging, its speed was not timed.
     return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
