@@ -320,7 +320,7 @@ def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
 
 
 _DQ_SWIZZLE_SNIPPET = r"""
-import json, os, tempfile
+import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
@@ -331,16 +331,21 @@ for det in (False, True):
     spec = BwdSpec("bfloat16", 128, 128, 8, 8, False, True, False, cfg, deterministic=det)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
     spills = sass.count("STL") + sass.count("LDL")
+    # the writer waits for warpgroup 1's own half on named barrier 5 (one warpgroup + the
+    # writer warp: 160 = 0xa0 threads), not for the whole tile on 3 (both: 288 = 0x120)
     out[str(det)] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass),
-                     "reduces": sass.count("UTMAREDG"), "spills": spills}
+                     "reduces": sass.count("UTMAREDG"), "spills": spills,
+                     "wg_handoff": "BAR.SYNC.DEFER_BLOCKING 0x5, 0xa0" in sass,
+                     "joint_handoff": bool(re.search(r"BAR\.[A-Z_.]+ [^,;]+, 0x120 ;", sass))}
 print(json.dumps(out))
 """
 
 
 @pytest.mark.compile
 def test_bwd_dq_staging_swizzle_reaches_the_kernel(tmp_path):
-    # the table's dQ swizzle is what the kernel builds: 32-byte boxes (8 fp32 columns) give
-    # four times the TMA reduce-adds of the deterministic mode's 128-byte (32-column) boxes
+    # the table's dQ staging is what the kernel builds at D=128: each warpgroup hands its own
+    # half to the writer, and 32-byte boxes (8 fp32 columns) give four times the TMA
+    # reduce-adds of the deterministic mode's 128-byte (32-column) boxes
     r = run_json_snippet(_DQ_SWIZZLE_SNIPPET, tmp_path, timeout=900)
     default, det = r["False"], r["True"]
     if not default["sass"]:
@@ -348,6 +353,8 @@ def test_bwd_dq_staging_swizzle_reaches_the_kernel(tmp_path):
     assert default["swizzle"] == 32 and det["swizzle"] == 128, r
     assert det["reduces"] > 0 and default["reduces"] == 4 * det["reduces"], r
     assert default["spills"] == 0 and det["spills"] == 0, r
+    for v in (default, det):
+        assert v["wg_handoff"] and not v["joint_handoff"], r
 
 
 _WIDE_SNIPPET = r"""
