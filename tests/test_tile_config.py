@@ -290,6 +290,8 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
         BwdTileConfig(tile_m=128, dq_half_staging=True)
     with pytest.raises(ValueError, match="dq_stages 3"):
         BwdTileConfig(dq_stages=3)
+    with pytest.raises(ValueError, match="set dq_half_staging"):
+        BwdTileConfig(dq_stages=2)
 
 
 def test_bwd_row_threads():

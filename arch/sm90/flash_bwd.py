@@ -88,9 +88,9 @@ class BwdRoles:
     bar_ds: int = 2  # both consumer warpgroups wrote their half of dS
     bar_dq_full: int = 3  # consumers -> dQ writer: sdQ holds a partial
     bar_dq_empty: int = 4  # dQ writer -> consumers: sdQ may be overwritten
-    # dQ staging slot s (warpgroup s's half under dq_half_staging, buffer s under dq_stages =
-    # 2) is handed over on bar_dq_full + 2 s and freed on bar_dq_empty + 2 s (ids 3 / 4, 5 / 6)
-    bar_dq_slot_step: int = 2
+    # under dq_half_staging warpgroup w hands its half over on bar_dq_full + 2 w and waits for
+    # its buffer on bar_dq_empty + 2 w (ids 3 / 4 and 5 / 6)
+    bar_dq_wg_step: int = 2
 
     @property
     def num_threads(self) -> int:
@@ -158,12 +158,10 @@ class FlashBwdSm90:
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         self.do_stages = cfg.do_stages
-        # dQ staging (BwdTileConfig.dq_half_staging / dq_stages): the whole tile in one buffer
-        # or two alternating ones, or each warpgroup's head-dim half in turn in one buffer or
-        # each in a buffer of its own
+        # dQ staging (BwdTileConfig.dq_half_staging / dq_stages): the whole tile in one buffer,
+        # or each warpgroup's head-dim half, in turn in one buffer or each in its own
         self.dq_halves = cfg.dq_half_staging
         self.dq_wg_bufs = cfg.dq_half_staging and cfg.dq_stages == 2
-        self.dq_alt_bufs = not cfg.dq_half_staging and cfg.dq_stages == 2
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)
         self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups
@@ -255,8 +253,7 @@ class FlashBwdSm90:
         dq_atom_kind = DQ_SWIZZLE_ATOMS[self.config.dq_swizzle]
         sdQ_atom = warpgroup.make_smem_layout_atom(dq_atom_kind, Float32)
         dq_cols = d // nwg if cutlass.const_expr(self.dq_halves) else d
-        # (tm, dq_cols, dq_stages): two buffers are one per warpgroup (halves) or alternate by
-        # query tile, so the consumers fill one while the writer's reduce reads the other
+        # (tm, dq_cols, dq_stages): with two, a half buffer per warpgroup
         sdQ_layout = cute.tile_to_shape(
             sdQ_atom, (tm, dq_cols, self.config.dq_stages), order=(0, 1, 2)
         )
@@ -306,7 +303,6 @@ class FlashBwdSm90:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
             # unused without swap_dkv: a 16-byte-aligned stub there, which costs no 1 KB pad
-            # (D=128 with two whole-tile dQ buffers needs all but 896 B of the 227 KB)
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_size], p_align]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
@@ -556,37 +552,31 @@ class FlashBwdSm90:
         parts, threads = 1, roles.dq_sync_threads
         if cutlass.const_expr(self.dq_halves):
             parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
-        step = roles.bar_dq_slot_step
+        step = roles.bar_dq_wg_step
         gdQ = cute.local_tile(
             mdQacc[None, None, head, batch], (self.tile_m, self.tile_d // parts), (None, None)
         )
         tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
-        # every slot starts empty (with one shared half buffer: for the first warpgroup)
-        for slot in cutlass.range_constexpr(self.config.dq_stages):
+        # every buffer starts empty (one shared half buffer: for the first warpgroup)
+        for buf in cutlass.range_constexpr(self.config.dq_stages):
             cute.arch.barrier_arrive(
-                barrier_id=roles.bar_dq_empty + step * slot, number_of_threads=threads
+                barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
             )
         for m_block in cutlass.range(m_min, m_max, unroll=1):
-            tile_buf = 0
-            if cutlass.const_expr(self.dq_alt_bufs):
-                tile_buf = (m_block - m_min) % 2  # the consumers' count (see mma)
             for part in cutlass.range_constexpr(parts):
-                # warpgroup `part` staged its part (all of dQ when parts == 1); the slot (its
-                # barrier pair) is the part, or the buffer of alternating ones
-                slot = part + tile_buf
-                buf = part if cutlass.const_expr(self.dq_wg_bufs) else tile_buf
+                # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
+                # buffer or the shared one
+                buf = part if cutlass.const_expr(self.dq_wg_bufs) else 0
                 cute.arch.barrier(
-                    barrier_id=roles.bar_dq_full + step * slot, number_of_threads=threads
+                    barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
                 )
                 self._dq_add(
                     tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ[None, m_block, part], sem_bh, mask,
                     n_block, m_block, lane, part == 0, part == parts - 1,
                 )  # fmt: skip
-                # free the slot; one shared half buffer goes to the next part's warpgroup
-                # (the first one's next tile)
-                free = slot
-                if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
-                    free = (part + 1) % parts
+                # the warpgroup's own buffer is free again; a shared half buffer goes to the
+                # next part's warpgroup (the first one's next tile)
+                free = part if cutlass.const_expr(self.dq_wg_bufs) else (part + 1) % parts
                 cute.arch.barrier_arrive(
                     barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
                 )
@@ -681,10 +671,10 @@ class FlashBwdSm90:
         # the dQ handoff: the writer's barriers for this warpgroup's part, or for all of dQ
         bar_dq_full, bar_dq_empty = roles.bar_dq_full, roles.bar_dq_empty
         dq_threads = roles.dq_sync_threads
-        dq_buf = 0  # this warpgroup's staging buffer (see the loop for alternating ones)
+        dq_buf = 0  # this warpgroup's staging buffer
         if cutlass.const_expr(self.dq_halves):
-            bar_dq_full = roles.bar_dq_full + roles.bar_dq_slot_step * wg
-            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_slot_step * wg
+            bar_dq_full = roles.bar_dq_full + roles.bar_dq_wg_step * wg
+            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_wg_step * wg
             if cutlass.const_expr(self.dq_wg_bufs):
                 dq_buf = wg
             dq_threads = roles.dq_half_sync_threads
@@ -786,39 +776,24 @@ class FlashBwdSm90:
                         )  # fmt: skip
                     warpgroup.wait_group(1)  # dV and dQ done
                     pipe_do.consumer_release(state_do)
-                    # ---- hand the dQ partial to the writer warp (in buffer `buf`, which the
-                    # writer reads in the same order: query tiles m_min.. one after another)
-                    slot_bar, buf = 0, dq_buf
-                    if cutlass.const_expr(self.dq_alt_bufs):
-                        buf = (m_block - m_min) % 2
-                        slot_bar = roles.bar_dq_slot_step * buf
-                    cute.arch.barrier(
-                        barrier_id=bar_dq_empty + slot_bar, number_of_threads=dq_threads
-                    )
-                    tdQsdQ[None, None, None, buf].store(acc_dq.load())
+                    # ---- hand the dQ partial to the writer warp
+                    cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+                    tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
                     cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(
-                        barrier_id=bar_dq_full + slot_bar, number_of_threads=dq_threads
-                    )
+                    cute.arch.barrier_arrive(barrier_id=bar_dq_full, number_of_threads=dq_threads)
                     warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
                     pipe_q.consumer_release(state)
                     state.advance()
                     state_do.advance()
             pipe_kv.consumer_release(kv_state)
-        # balance the writer's last arrive on each slot's dq_empty (it also means the last
-        # reduce read sdQ): with a buffer per warpgroup each waits on its own; with one shared
-        # half buffer that arrive is the first warpgroup's; else one per buffer
-        if cutlass.const_expr(self.dq_wg_bufs):
-            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
-        elif cutlass.const_expr(self.dq_halves):
+        # balance the writer's last arrive on dq_empty (it also means the last reduce read
+        # sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half
+        # buffer that arrive is the first warpgroup's
+        if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
             if wg == 0:
                 cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         else:
-            for b in cutlass.range_constexpr(self.config.dq_stages):
-                cute.arch.barrier(
-                    barrier_id=bar_dq_empty + roles.bar_dq_slot_step * b,
-                    number_of_threads=dq_threads,
-                )
+            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         self.epilogue(
             tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sK, sV,
             acc_dk, acc_dv, tidx, n_block, head, batch, softmax_scale,

@@ -394,14 +394,16 @@ class BwdTileConfig:
     # barriers: with dq_stages = 1 the warpgroups take turns on one (tile_m, D / 2) buffer,
     # which halves the staging smem (64 KB -> 32 KB at D = 256); with 2 each has its own
     dq_half_staging: bool = False
-    # fp32 dQ staging buffers. With 2 the consumers stage dQ while the writer warp's reduce-add
-    # still reads the other buffer: query tile m - 1's whole tile (alternating buffers), or,
-    # under dq_half_staging, each warpgroup its half in a buffer of its own (no turns)
+    # half buffers under dq_half_staging (1 shared, 2 one per warpgroup). Two alternating
+    # whole-tile buffers without it were measured and removed: no faster at D=128
+    # (tune_bwd_lse_dq2_h200.json)
     dq_stages: int = 1
 
     def __post_init__(self):
         if self.dq_stages not in (1, 2):
             raise ValueError(f"dq_stages {self.dq_stages} must be 1 or 2")
+        if self.dq_stages == 2 and not self.dq_half_staging:
+            raise ValueError("dq_stages = 2 is a half buffer per warpgroup: set dq_half_staging")
         if self.padded_head_dim not in (0, 128):
             raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
         if self.dq_swizzle not in (32, 64, 128):
