@@ -57,6 +57,36 @@ class _KernelAttn(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+class _KernelAttnVarlen(torch.autograd.Function):
+    """`_KernelAttn` for packed sequences (cu_seqlens_q / cu_seqlens_k only: dispatch sends
+    seqused, paged and KV-cache calls that need gradients elsewhere); backward by
+    cute_attn.bwd_sm90.backward_varlen. lse (H, total_q) is differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, problem, cu_seqlens_q, cu_seqlens_k):
+        out, lse = fwd_sm90.run_fwd_varlen(
+            q, k, v, problem, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            seqused_k=None, max_seqlen_q=problem.seqlen_q,
+        )  # fmt: skip
+        ctx.problem = problem
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from .bwd_sm90 import backward_varlen
+
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = backward_varlen(
+            q, k, v, out, lse, dout, ctx.problem, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+            dlse=dlse,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None
+
+
 # The dense entry's host fast path: a call whose signature (every attribute validation and
 # dispatch read: shapes, strides, dtypes, devices, 16-byte alignment, the scalar arguments
 # with their types) matches an earlier call that a kernel served reuses that call's problem
@@ -219,8 +249,9 @@ def flash_attn_varlen_func(
     problem (bottom-right causal per sequence). Rows past seqused_q give out 0, lse -inf.
     On SM90 the forward kernel serves cu_seqlens_q/k, seqused_q/k and paged k/v (page by page
     by TMA when a key tile fits the page size, e.g. 16, 64, 128, 256; other page sizes are
-    gathered into a dense copy first); gradients through varlen calls need
-    fallback='reference' on CUDA.
+    gathered into a dense copy first). Gradients: the SM90 varlen backward serves q and k / v
+    packed by cu_seqlens_q / cu_seqlens_k (`deterministic` as in flash_attn_func); with
+    seqused_q/k or page_table they need fallback='reference' on CUDA.
     """
     p, check = validate_varlen_deferred(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -236,6 +267,14 @@ def flash_attn_varlen_func(
         # read-only KV-cache call (the kernel clamps offsets and lengths into its tensors)
         if check is not None:
             check.defer(fwd_sm90.index_flags)
+        if _needs_grad(q, k, v):
+            # dispatch served it, so only cu_seqlens_q / cu_seqlens_k are given
+            res = _KernelAttnVarlen.apply(
+                q, k, v, p, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+            )
+            if check is not None:
+                check.wait()
+            return res
         res = fwd_sm90.run_fwd_varlen(
             q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
             cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),

@@ -203,9 +203,13 @@ VARLEN_SEQLENS = (512, 8192, 1024, 6000, 3000, 256, 7000, 2048, 4096, 5000, 300,
 
 
 def _varlen_rows():
+    # the same packed batch forward (the inference issue's row) and backward (training on
+    # packed sequences)
     s = VARLEN_SEQLENS
-    return [Row(f"varlen {len(s)} seqs {sum(s)} tok h32/8 d128 causal", len(s), max(s), max(s),
-                32, 8, 128, 128, causal=True, seqlens=s)]  # fmt: skip
+    return [Row(f"{mode} varlen {len(s)} seqs {sum(s)} tok h32/8 d128 causal".lstrip(), len(s),
+                max(s), max(s), 32, 8, 128, 128, causal=True, seqlens=s,
+                mode="fwd" if mode == "" else mode)
+            for mode in ("", "bwd")]  # fmt: skip
 
 
 def preset_rows(preset: str) -> list[Row]:
@@ -596,12 +600,19 @@ def reference_outputs(row: Row, q, k, v, dout=None, budget_bytes: int | None = N
                window_size=row.window, softcap=row.softcap, compute_dtype=torch.float32,
                score_budget_bytes=budget_bytes)  # fmt: skip
     if row.seqlens:  # packed: each sequence its own dense problem
-        outs, a = [], 0
+        outs, grads, a = [], [], 0
         for n in row.seqlens:
-            outs.append(reference.attention_ref(q[None, a : a + n], k[None, a : a + n],
-                                                v[None, a : a + n], **sem)[0][0])  # fmt: skip
+            qs, ks, vs = q[None, a : a + n], k[None, a : a + n], v[None, a : a + n]
+            out, lse = reference.attention_ref(qs, ks, vs, **sem)
+            outs.append(out[0])
+            if dout is not None:
+                g = reference.attention_ref_backward(qs, ks, vs, out, lse, dout[None, a : a + n],
+                                                     **sem)  # fmt: skip
+                grads.append([t[0] for t in g])
             a += n
-        return torch.cat(outs), None
+        if dout is None:
+            return torch.cat(outs), None
+        return torch.cat(outs), tuple(torch.cat(parts) for parts in zip(*grads))
     out, lse = reference.attention_ref(q, k, v, **sem)
     if dout is None:
         return out, None
@@ -613,9 +624,9 @@ def _max_err(got, ref) -> float:
 
 
 def _reduce_groups(g, heads_kv: int):
-    # Grads w.r.t. an expanded (B, S, H, D) K/V: sum each group back onto its KV head.
-    b, s, h, d = g.shape
-    return g.reshape(b, s, heads_kv, h // heads_kv, d).sum(3) if h != heads_kv else g
+    # Grads w.r.t. an expanded (..., S, H, D) K/V: sum each group back onto its KV head.
+    h = g.shape[-2]
+    return g.unflatten(-2, (heads_kv, h // heads_kv)).sum(-2) if h != heads_kv else g
 
 
 def capture_graph(fn, warmup: int = 1):
@@ -827,8 +838,11 @@ def _make_inputs(row: Row, dtype, device, l2_bytes: int, gen):
 
     if row.seqlens:  # packed (total, heads, dim); one set: far larger than L2
         total = sum(row.seqlens)
+        dout = None
+        if row.mode == "bwd":
+            dout = rnd(total, row.heads, row.head_dim_v).detach()
         return [(rnd(total, row.heads, row.head_dim), rnd(total, row.heads_kv, row.head_dim),
-                 rnd(total, row.heads_kv, row.head_dim_v), None)]  # fmt: skip
+                 rnd(total, row.heads_kv, row.head_dim_v), dout)]  # fmt: skip
     b, sq, sk = row.batch, row.seqlen_q, row.seqlen_k
     elem = torch.empty((), dtype=dtype).element_size()
     set_bytes = elem * b * (sq * row.heads * (row.head_dim + 2 * row.head_dim_v)

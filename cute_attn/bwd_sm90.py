@@ -12,6 +12,10 @@ around it, all on the caller's stream:
 
 `backward(...)` is the entry the autograd formulas call: SM90 kernel when it serves the
 problem, else the reference's analytic backward (recorded in `last_dispatch()`, warned once).
+`backward_varlen(...)` is the same for packed sequences (cu_seqlens_q / cu_seqlens_k, no
+seqused or pages): the kernels' varlen variants, whose per-row buffers (lse_log2, D, the dQ
+accumulator, the deterministic counters) give each sequence whole tile_m-row tiles
+(arch/common/seqlen.padded_row_offset), so no tile reaches into another sequence's rows.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .fwd_sm90 import (
     softmax_scales,
     static_features,
     unsupported_reason,
+    varlen_grad_reason,
 )  # fmt: skip
 from .problem import AttnProblem
 
@@ -42,16 +47,19 @@ class BwdKey(Sm90Key):
 
     deterministic: bool
     tile: tuple  # dataclasses.astuple(BwdTileConfig)
+    varlen: bool = False  # packed by cu_seqlens_q / cu_seqlens_k (presence, not values)
 
 
 def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
-    return _bwd_key(arch, *static_features(p), p.deterministic)
+    return _bwd_key(arch, *static_features(p), p.deterministic, p.varlen)
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det):
+def _bwd_key(
+    arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det, varlen
+):
     tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap, det))
-    return BwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile)
+    return BwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +72,7 @@ class BwdAuxKey(KernelKey):
     dtype: str
     head_dim: int
     head_dim_v: int
+    varlen_tile_m: int = 0  # packed: the main kernel's tile_m, which pads each sequence's rows
 
 
 @compiled_cache("sm90_bwd_aux", exportable=True)
@@ -71,14 +80,22 @@ def build_bwd_aux(key: BwdAuxKey):
     from .arch.sm90 import compile as c  # imports cutlass: only when building
 
     engine = not export_only()
+    tm = key.varlen_tile_m
     if key.kind == "pre":
-        return c.compile_bwd_preprocess(key.dtype, key.head_dim, key.head_dim_v, jit_engine=engine)
-    return c.compile_bwd_postprocess(key.dtype, key.head_dim, jit_engine=engine)
+        return c.compile_bwd_preprocess(
+            key.dtype, key.head_dim, key.head_dim_v, jit_engine=engine, varlen_tile_m=tm
+        )
+    return c.compile_bwd_postprocess(key.dtype, key.head_dim, jit_engine=engine, varlen_tile_m=tm)
 
 
 @functools.lru_cache(maxsize=64)
-def _aux_keys(arch: str, dtype: str, d: int, dv: int) -> tuple[BwdAuxKey, BwdAuxKey]:
-    return BwdAuxKey(arch, "pre", dtype, d, dv), BwdAuxKey(arch, "post", dtype, d, dv)
+def _aux_keys(
+    arch: str, dtype: str, d: int, dv: int, varlen_tile_m: int = 0
+) -> tuple[BwdAuxKey, BwdAuxKey]:
+    return (
+        BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m),
+        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m),
+    )
 
 
 @compiled_cache("sm90_bwd", exportable=True)
@@ -116,6 +133,26 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _scalars(p: AttnProblem) -> tuple:
+    """The main kernel's runtime scalars: softmax_scale_log2, score_premul, softmax_scale,
+    window_left, window_right."""
+    scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
+    return scale_log2, premul, p.softmax_scale, max(p.window_left, 0), max(p.window_right, 0)
+
+
+def _launch(q, pre, pre_args, main, main_args, post, post_args, between=None):
+    """The three launches on q's device (torch's current stream there); `between` runs after
+    the preprocess (the lse gradient's subtraction from D)."""
+    with contextlib.ExitStack() as stack:
+        if q.device.index != torch.cuda.current_device():
+            stack.enter_context(torch.cuda.device(q.device))  # launches go to q's device
+        pre(*pre_args)
+        if between is not None:
+            between()
+        main(*main_args)
+        post(*post_args)
+
+
 def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | None = None):
     """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log.
     `key`: a variant other than the tuning table's (scripts/tune_bwd_sm90.py)."""
@@ -141,23 +178,90 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
-    scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
-    windows = (max(p.window_left, 0), max(p.window_right, 0))
-    with contextlib.ExitStack() as stack:
-        if q.device.index != torch.cuda.current_device():
-            stack.enter_context(torch.cuda.device(q.device))  # launches go to q's device
-        pre(out, dout, lse.contiguous(), lse_log2, dsum, dq_acc)
-        if dlse is not None:
-            dsum[:, :, :sq] -= dlse.float()
-        main(q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, scale_log2, premul,
-             p.softmax_scale, *windows)  # fmt: skip
-        post(dq_acc, dq, p.softmax_scale)
+
+    def dlse_into_dsum():
+        dsum[:, :, :sq] -= dlse.float()
+
+    _launch(
+        q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc, None, sq),
+        main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
+               None),
+        post, (dq_acc, dq, p.softmax_scale, None, sq),
+        None if dlse is None else dlse_into_dsum,
+    )  # fmt: skip
+    return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)
+
+
+def _sum_groups(dk_h, dv_h, hkv: int, dtype):
+    """dK / dV per KV head from the kernel's per-query-head ones (GQA / MQA: fp32 sums over
+    the query heads sharing a KV head); (..., seq, heads, dim), any leading dims."""
+    h = dk_h.shape[-2]
     if h == hkv:
-        return dq, dk_h, dv_h
-    g = h // hkv
-    dk = dk_h.view(b, sk, hkv, g, d).sum(3, dtype=torch.float32).to(k.dtype)
-    dv = dv_h.view(b, sk, hkv, g, dv_dim).sum(3, dtype=torch.float32).to(v.dtype)
-    return dq, dk, dv
+        return dk_h, dv_h
+    return tuple(
+        t.unflatten(-2, (hkv, h // hkv)).sum(-2, dtype=torch.float32).to(dtype)
+        for t in (dk_h, dv_h)
+    )
+
+
+def padded_rows_index(cu_seqlens_q: torch.Tensor, total_q: int, tile_m: int) -> torch.Tensor:
+    """For each packed query row, its row in the backward's per-row buffers: row r of
+    sequence b goes to r - cu_seqlens_q[b] + floor((cu_seqlens_q[b] + b * tile_m) / tile_m) *
+    tile_m (arch/common/seqlen.padded_row_offset). int64 (total_q,), on cu_seqlens_q's device,
+    without a host sync."""
+    r = torch.arange(total_q, device=cu_seqlens_q.device, dtype=cu_seqlens_q.dtype)
+    seq_of_row = torch.searchsorted(cu_seqlens_q[1:], r, right=True)
+    start = cu_seqlens_q[:-1].long()
+    batch = torch.arange(start.shape[0], device=start.device)
+    pad = (start + batch * tile_m) // tile_m * tile_m
+    return r.long() - start[seq_of_row] + pad[seq_of_row]
+
+
+def run_bwd_varlen(
+    q, k, v, out, lse, dout, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k, dlse=None,
+    key: BwdKey | None = None,
+):  # fmt: skip
+    """dq, dk, dv of packed sequences: q / out / dout (total_q, H, D[v]), k / v (total_k,
+    Hkv, D[v]), lse (H, total_q) fp32, cu_seqlens int32 (B + 1,); p.seqlen_q / p.seqlen_k are
+    the longest sequences (they size the grids)."""
+    total_q, h, d = q.shape
+    total_k, hkv, dv_dim = k.shape[0], k.shape[1], v.shape[2]
+    batch = cu_seqlens_q.shape[0] - 1
+    if total_k == 0 or batch == 0 or total_q == 0 or p.seqlen_q == 0 or p.seqlen_k == 0:
+        return tuple(t.new_zeros(t.shape) for t in (q, k, v))
+    key = key or bwd_key(p)
+    cfg = BwdTileConfig(*key.tile)
+    tm = cfg.tile_m
+    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, tm)
+    dout, out = _tma_ready(dout), _tma_ready(out)
+    # sequence b's rows start at floor((cu_q[b] + b * tm) / tm) * tm and span whole tiles:
+    # every row lies below total_q + batch * tm (seqlen.padded_row_offset)
+    rows = -(-(total_q + batch * tm) // tm) * tm
+    f32 = dict(dtype=torch.float32, device=q.device)
+    lse_log2, dsum = torch.empty((1, h, rows), **f32), torch.empty((1, h, rows), **f32)
+    dq_acc = torch.empty((1, rows, h, d), **f32)
+    dq = torch.empty((total_q, h, d), dtype=q.dtype, device=q.device)
+    dk_h = torch.empty((total_k, h, d), dtype=q.dtype, device=q.device)
+    dv_h = torch.empty((total_k, h, dv_dim), dtype=q.dtype, device=q.device)
+    if p.deterministic:
+        sem = torch.zeros((1, h, rows // tm), dtype=torch.int32, device=q.device)
+    else:
+        sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
+    pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
+
+    def dlse_into_dsum():
+        dsum[0].index_add_(1, padded_rows_index(cu_seqlens_q, total_q, tm), -dlse.float())
+
+    q1, k1, v1, o1, do1 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
+    _launch(
+        q, pre, (o1, do1, lse.contiguous().unsqueeze(0), lse_log2, dsum, dq_acc, cu_seqlens_q,
+                 p.seqlen_q),
+        main, (q1, k1, v1, do1, lse_log2, dsum, dq_acc, dk_h.unsqueeze(0), dv_h.unsqueeze(0),
+               sem, *_scalars(p), p.seqlen_k, cu_seqlens_q, cu_seqlens_k),
+        post, (dq_acc, dq.unsqueeze(0), p.softmax_scale, cu_seqlens_q, p.seqlen_q),
+        None if dlse is None else dlse_into_dsum,
+    )  # fmt: skip
+    return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)
 
 
 def backward(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
@@ -173,3 +277,35 @@ def backward(q, k, v, out, lse, dout, p: AttnProblem, dlse=None):
         window_size=(p.window_left, p.window_right), softcap=p.softcap, dlse=dlse,
     )  # fmt: skip
     return tuple(g.to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v)))
+
+
+def backward_varlen(q, k, v, out, lse, dout, p: AttnProblem, *, cu_seqlens_q, cu_seqlens_k,
+                    dlse=None):  # fmt: skip
+    """Gradients of a packed call (see run_bwd_varlen): the varlen kernels when they serve it,
+    else the reference's analytic backward sequence by sequence (it reads cu_seqlens on the
+    host), warned once and recorded like `backward`."""
+
+    def reason(p, tensors):
+        return varlen_grad_reason(p) or bwd_unsupported_reason(p, tensors)
+
+    d = dispatch.select_backward(
+        p, (("q", q), ("k", k), ("v", v), ("out", out)), reason, bwd_kernel_note
+    )
+    if d.impl == "sm90_bwd":
+        return run_bwd_varlen(
+            q, k, v, out, lse, dout, p, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            dlse=dlse,
+        )  # fmt: skip
+    grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        dl = None if dlse is None else dlse[None, :, rq]
+        g = reference.attention_ref_backward(
+            q[None, rq], k[None, rk], v[None, rk], out[None, rq], lse[None, :, rq],
+            dout[None, rq], softmax_scale=p.softmax_scale, causal=False,
+            window_size=(p.window_left, p.window_right), softcap=p.softcap, dlse=dl,
+        )  # fmt: skip
+        for acc, gb, rows in zip(grads, g, (rq, rk, rk)):
+            acc[rows] = gb[0].to(acc.dtype)
+    return tuple(grads)

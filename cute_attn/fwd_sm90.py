@@ -245,12 +245,24 @@ def unsupported_reason(p: AttnProblem, tensors, head_dims=SUPPORTED_HEAD_DIMS) -
         return f"head dims ({p.head_dim}, {p.head_dim_v}) not in {head_dims}"
     if (p.varlen or p.kvcache) and torch.is_grad_enabled():
         if any(t.requires_grad for _, t in tensors):
-            return "gradients through varlen / KV-cache calls (no SM90 varlen backward yet)"
+            reason = varlen_grad_reason(p)
+            if reason is not None:
+                return reason
     for name, t in tensors:
         if t.data_ptr() % 16:
             return f"{name} data pointer is not 16-byte aligned (TMA requirement)"
         if any(s % 8 for s in t.stride()[:-1]):
             return f"{name} strides {tuple(t.stride())} are not multiples of 8 elements (TMA)"
+    return None
+
+
+def varlen_grad_reason(p: AttnProblem) -> str | None:
+    """Why the SM90 varlen backward cannot serve gradients of this packed / KV-cache problem,
+    or None: it takes q and k / v packed by cu_seqlens_q / cu_seqlens_k, nothing else."""
+    if p.paged or p.kvcache:
+        return "gradients through paged / KV-cache calls (the varlen backward takes packed k / v)"
+    if p.has_seqused_q or p.has_seqused_k:
+        return "gradients through seqused_q / seqused_k (the varlen backward takes cu_seqlens only)"
     return None
 
 

@@ -262,12 +262,14 @@ from cute_attn.arch.sm90.compile import compile_bwd_postprocess, compile_bwd_pre
 from cute_attn.aot import _sass
 rows = []
 for dt in ("bfloat16", "float16"):
-    for d in (64, 96, 128):
-        for kind, build in (("pre", lambda: compile_bwd_preprocess(dt, d, d, opts)),
-                            ("post", lambda: compile_bwd_postprocess(dt, d, opts))):
+    for d, tm in ((64, 0), (96, 0), (128, 0), (128, 64), (256, 64)):  # tm > 0: varlen
+        for kind, build in (
+            ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm)),
+            ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm)),
+        ):
             opts = f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
             sass = _sass(build().__cubin__)
-            rows.append({"kind": kind, "dtype": dt, "d": d, "sass": bool(sass),
+            rows.append({"kind": kind, "dtype": dt, "d": d, "varlen": tm, "sass": bool(sass),
                          "ldg128": sass.count("LDG.E.128"), "stg128": sass.count("STG.E.128"),
                          "spills": sass.count("STL") + sass.count("LDL")})
 print(json.dumps(rows))
@@ -276,8 +278,9 @@ print(json.dumps(rows))
 
 @pytest.mark.compile
 def test_compile_bwd_aux_kernels(tmp_path):
+    # dense and packed (varlen, rows padded per sequence) forms of both kernels
     rows = run_json_snippet(_AUX_SNIPPET, tmp_path)
-    assert len(rows) == 12
+    assert len(rows) == 20
     for r in rows:
         if not r["sass"]:
             pytest.skip("nvdisasm not installed: cannot read SASS")

@@ -97,13 +97,48 @@ def test_sm90_serves_paged_and_says_how(fake_arch, page_size, route, kvcache):
     assert ("gathers the pages" in d.reason) == (route == "gather"), d.reason
 
 
-def test_varlen_gradients_are_not_claimed(fake_arch):
-    # the kernel's varlen output has no backward: a call that needs gradients is refused
+def test_varlen_gradients_need_packed_kv(fake_arch):
+    # packed q and k / v under autograd run the kernel (the varlen backward serves them);
+    # seqused, pages and KV-cache calls that need gradients are refused with the reason
     fake_arch("sm_90a")
     tensors = tuple((name, t.requires_grad_()) for name, t in _tensors())
-    with pytest.raises(NotImplementedError, match="gradients through varlen"):
-        dispatch.select(dataclasses.replace(BASE, varlen=True), tensors)
+    assert dispatch.select(dataclasses.replace(BASE, varlen=True), tensors).impl == "sm90_fwd"
     assert dispatch.select(BASE, tensors).impl == "sm90_fwd"  # dense: the kernel backward
+    refused = [
+        ({"has_seqused_q": True}, "seqused_q"),
+        ({"has_seqused_k": True}, "seqused_q / seqused_k"),
+        ({"paged": True, "page_size": 64}, "paged / KV-cache"),
+    ]
+    for change, words in refused:
+        p = dataclasses.replace(BASE, varlen=True, **change)
+        with pytest.raises(NotImplementedError, match=f"gradients through {words}"):
+            dispatch.select(p, tensors)
+    with pytest.raises(NotImplementedError, match="gradients through paged / KV-cache"):
+        dispatch.select(dataclasses.replace(BASE, kvcache=True), tensors)
+    with torch.no_grad():  # no gradients needed: every layout runs the forward kernel
+        p = dataclasses.replace(BASE, varlen=True, has_seqused_q=True)
+        assert dispatch.select(p, tensors).impl == "sm90_fwd"
+
+
+def test_varlen_backward_dispatch_names_the_kernel(fake_arch):
+    # the backward of a packed call records the SM90 kernel; a seqused problem (reachable only
+    # through a direct call) records the reference fallback with the reason
+    from cute_attn.bwd_sm90 import bwd_kernel_note, bwd_unsupported_reason
+    from cute_attn.fwd_sm90 import varlen_grad_reason
+
+    fake_arch("sm_90a")
+
+    def reason(p, tensors):
+        return varlen_grad_reason(p) or bwd_unsupported_reason(p, tensors)
+
+    p = dataclasses.replace(BASE, varlen=True)
+    d = dispatch.select_backward(p, _tensors(), reason, bwd_kernel_note)
+    assert (d.entry, d.impl) == ("backward", "sm90_bwd"), d
+    with pytest.warns(RuntimeWarning, match="seqused"):
+        d = dispatch.select_backward(
+            dataclasses.replace(p, has_seqused_k=True), _tensors(), reason, bwd_kernel_note
+        )
+    assert d.impl == "reference" and "seqused" in d.reason, d
 
 
 def test_unaligned_strides_are_named(fake_arch):

@@ -6,6 +6,9 @@ converts a contiguous run of whole 16-byte output vectors: 8 elements (two 16-by
 16-byte store) when head_dim / 8 is a power of two, else more (24 at head_dim 96:
 bwd_preprocess.row_threads).
 
+Packed sequences (`varlen_tile_m` > 0): dq_acc holds sequence b's rows from
+seqlen.padded_row_offset (bwd_preprocess), dq is packed by cu_seqlens_q; both unit-batch.
+
 Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contiguous.
 """
 
@@ -14,17 +17,18 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
-from .bwd_preprocess import row_threads
+from .bwd_preprocess import row_threads, varlen_rows
 
 NUM_THREADS = 128
 
 
 class BwdPostprocess:
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int):
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, varlen_tile_m: int = 0):
         self.dtype = dtype
         self.head_dim = head_dim
+        self.varlen_tile_m = varlen_tile_m  # > 0: packed (see the module docstring)
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -40,31 +44,43 @@ class BwdPostprocess:
         mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32
         mdQ: cute.Tensor,  # (b, s_q, h, d) out
         softmax_scale: Float32,
+        mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
+        max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
         stream: cuda.CUstream,
     ):
-        grid = (
-            cute.ceil_div(mdQ.shape[1], self.rows_per_cta),
-            cute.size(mdQ.shape[2]),
-            cute.size(mdQ.shape[0]),
-        )
-        self.kernel(mdQacc, mdQ, softmax_scale).launch(
+        rows, num_batch = mdQ.shape[1], cute.size(mdQ.shape[0])
+        if cutlass.const_expr(self.varlen_tile_m > 0):
+            rows, num_batch = max_seqlen_q, mCuSeqlensQ.shape[0] - 1
+        grid = (cute.ceil_div(rows, self.rows_per_cta), cute.size(mdQ.shape[2]), num_batch)
+        self.kernel(mdQacc, mdQ, softmax_scale, mCuSeqlensQ).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+    def kernel(
+        self,
+        mdQacc: cute.Tensor,
+        mdQ: cute.Tensor,
+        softmax_scale: Float32,
+        mCuSeqlensQ: cute.Tensor | None,
+    ):
         tidx = cute.arch.thread_idx()[0]
         row_block, head, batch = cute.arch.block_idx()
         lane = tidx % self.threads_per_row
         row = row_block * self.rows_per_cta + tidx // self.threads_per_row
-        if row < mdQ.shape[1]:
+        b, start, pad, seqlen = batch, Int32(0), Int32(0), mdQ.shape[1]
+        if cutlass.const_expr(self.varlen_tile_m > 0):
+            b = Int32(0)
+            start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mdQ.shape[1], self.varlen_tile_m)
+        if row < seqlen:
             vec = self.vec
-            g_acc = cute.local_tile(mdQacc[batch, row, head, None], (vec,), (lane,))
+            g_acc = cute.local_tile(mdQacc[b, pad + row, head, None], (vec,), (lane,))
             r_acc = cute.make_rmem_tensor((vec,), Float32)
             cute.autovec_copy(g_acc, r_acc)
             r_dq = cute.make_rmem_tensor((vec,), self.dtype)
             r_dq.store((r_acc.load() * softmax_scale).to(self.dtype))
-            cute.autovec_copy(r_dq, cute.local_tile(mdQ[batch, row, head, None], (vec,), (lane,)))
+            g_dq = cute.local_tile(mdQ[b, start + row, head, None], (vec,), (lane,))
+            cute.autovec_copy(r_dq, g_dq)
 
 
 __all__ = ["BwdPostprocess", "NUM_THREADS"]

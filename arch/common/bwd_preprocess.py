@@ -13,6 +13,12 @@ largest power of two dividing it, e.g. 4 for dv = 96): each loads its contiguous
 16-byte vectors of dO and O and the group reduces with shuffles. The lse gradient, when there
 is one, is subtracted from dsum by the host.
 
+Packed sequences (`varlen_tile_m` > 0, the backward's tile_m): O, dO and lse are packed by
+cu_seqlens_q (unit batch; lse (1, heads, total_q)); lse_log2, dsum and dq_acc are per-row
+buffers in which sequence b starts at seqlen.padded_row_offset and owns its rows rounded up to
+a tile: the padding rows of each sequence get +inf / 0 like the dense tail. The grid's z is the
+sequence and its x covers max_seqlen_q rounded up to the tile.
+
 Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
 aligned rows; head_dim and head_dim_v multiples of 8 with head_dim / row_threads(head_dim_v) a
 multiple of 4 (so each thread clears whole 16-byte chunks of the dQ row).
@@ -25,7 +31,9 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
+
+from .seqlen import padded_row_offset
 
 NUM_THREADS = 128
 LOG2E = math.log2(math.e)
@@ -43,11 +51,25 @@ def row_threads(dim: int, limit: int) -> int:
     return t
 
 
+def varlen_rows(
+    mCuSeqlens: cute.Tensor, batch: Int32, total: Int32, tile: cutlass.Constexpr[int]
+) -> tuple[Int32, Int32, Int32]:
+    """(first packed row, length, first padded row) of sequence `batch`: the offsets clamped
+    into [0, total] as the main kernel's SeqInfo clamps them."""
+    start = cutlass.min(cutlass.max(mCuSeqlens[batch], Int32(0)), total)
+    end = cutlass.min(cutlass.max(mCuSeqlens[batch + 1], start), total)
+    return start, end - start, padded_row_offset(start, batch, tile)
+
+
 class BwdPreprocess:
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, head_dim_v: int):
+    def __init__(
+        self, dtype: type[cutlass.Numeric], head_dim: int, head_dim_v: int, varlen_tile_m: int = 0
+    ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
+        # > 0: packed sequences, padded per sequence to this many rows (the backward's tile_m)
+        self.varlen_tile_m = varlen_tile_m
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -69,14 +91,16 @@ class BwdPreprocess:
         mLSE2: cute.Tensor,  # (b, h, s_q padded) fp32, out
         mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, out
         mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed)
+        mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
+        max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
         stream: cuda.CUstream,
     ):
-        grid = (
-            cute.ceil_div(mLSE2.shape[2], self.rows_per_cta),
-            cute.size(mO.shape[2]),
-            cute.size(mO.shape[0]),
-        )
-        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc).launch(
+        rows, num_batch = mLSE2.shape[2], cute.size(mO.shape[0])
+        if cutlass.const_expr(self.varlen_tile_m > 0):
+            tm = self.varlen_tile_m
+            rows, num_batch = cute.ceil_div(max_seqlen_q, tm) * tm, mCuSeqlensQ.shape[0] - 1
+        grid = (cute.ceil_div(rows, self.rows_per_cta), cute.size(mO.shape[2]), num_batch)
+        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mCuSeqlensQ).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
         )
 
@@ -89,34 +113,45 @@ class BwdPreprocess:
         mLSE2: cute.Tensor,
         mDsum: cute.Tensor,
         mdQacc: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor | None,
     ):
         tidx = cute.arch.thread_idx()[0]
         row_block, head, batch = cute.arch.block_idx()
         lane = tidx % self.threads_per_row
         row = row_block * self.rows_per_cta + tidx // self.threads_per_row
-        seqlen = mO.shape[1]
+        # packed rows of O / dO / lse start at `start`, padded rows at `pad`; `rows` of them
+        # are written (the sequence's tiles)
+        b, start, pad = batch, Int32(0), Int32(0)
+        seqlen, rows = mO.shape[1], mLSE2.shape[2]
+        if cutlass.const_expr(self.varlen_tile_m > 0):
+            tm = self.varlen_tile_m
+            b = Int32(0)
+            start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mO.shape[1], tm)
+            rows = cute.ceil_div(seqlen, tm) * tm
         dot = Float32(0.0)
         if row < seqlen:
             vec = self.vec
             r_o = cute.make_rmem_tensor((vec,), self.dtype)
             r_do = cute.make_rmem_tensor((vec,), self.dtype)
-            cute.autovec_copy(cute.local_tile(mO[batch, row, head, None], (vec,), (lane,)), r_o)
-            cute.autovec_copy(cute.local_tile(mdO[batch, row, head, None], (vec,), (lane,)), r_do)
+            g_o = cute.local_tile(mO[b, start + row, head, None], (vec,), (lane,))
+            g_do = cute.local_tile(mdO[b, start + row, head, None], (vec,), (lane,))
+            cute.autovec_copy(g_o, r_o)
+            cute.autovec_copy(g_do, r_do)
             prod = r_o.load().to(Float32) * r_do.load().to(Float32)
             dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             zeros = cute.make_rmem_tensor((self.dq_chunk,), Float32)
             zeros.fill(0.0)
-            g_dq = cute.local_tile(mdQacc[batch, row, head, None], (self.dq_chunk,), (lane,))
+            g_dq = cute.local_tile(mdQacc[b, pad + row, head, None], (self.dq_chunk,), (lane,))
             cute.autovec_copy(zeros, g_dq)
         # every lane of the group takes part in the shuffles, padding rows included
         dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
-        if lane == 0 and row < mLSE2.shape[2]:
+        if lane == 0 and row < rows:
             lse2 = Float32.inf
             if row < seqlen:
-                lse = mLSE[batch, head, row]
+                lse = mLSE[b, head, start + row]
                 lse2 = cutlass.select_(lse == -Float32.inf, Float32.inf, lse * LOG2E)
-            mLSE2[batch, head, row] = lse2
-            mDsum[batch, head, row] = dot
+            mLSE2[b, head, pad + row] = lse2
+            mDsum[b, head, pad + row] = dot
 
 
-__all__ = ["BwdPreprocess", "NUM_THREADS", "row_threads"]
+__all__ = ["BwdPreprocess", "NUM_THREADS", "row_threads", "varlen_rows"]

@@ -117,3 +117,20 @@ class SeqInfo(DslStruct):
         if cutlass.const_expr(self.features.cu_seqlens_k and not self.features.paged_kv):
             return cute.domain_offset((self.offset_k, 0), t)
         return t
+
+    def ragged_rows_k(self, t: cute.Tensor, head: Int32) -> cute.Tensor:
+        """`ragged_rows_q` for packed k-side rows (the backward's dK / dV): row i is this
+        sequence's key row i, clipped by the TMA from row seqlen_k on."""
+        ends = t[None, None, head, self.offset_k + self.seqlen_k]
+        return cute.domain_offset((RAGGED_EXTENT - self.seqlen_k, 0), ends)
+
+
+@cute.jit
+def padded_row_offset(offset: Int32, batch: Int32, tile: cutlass.Constexpr[int]) -> Int32:
+    """Where sequence `batch` (packed from row `offset`) starts in a per-row buffer in which
+    every sequence starts on a multiple of `tile` and owns ceil(seqlen / tile) whole tiles:
+    the backward's lse_log2, D and dQ accumulator under packed q (FA3 pads them the same way),
+    so a tile-sized TMA load or reduce-add never touches another sequence's rows. Sequence b
+    gets floor((offset + b * tile) / tile) * tile; consecutive starts differ by at least
+    floor(seqlen / tile) + 1 tiles, and every row lies below total + batches * tile."""
+    return (offset + batch * tile) // tile * tile

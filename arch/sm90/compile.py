@@ -50,6 +50,7 @@ class FwdSpec:
 class BwdSpec(FwdSpec):
     config: BwdTileConfig
     deterministic: bool = False
+    varlen: bool = False  # q packed by cu_seqlens_q, k / v by cu_seqlens_k
 
 
 def _fake_bshd(dtype, heads: int, dim: int, b, s):
@@ -133,60 +134,79 @@ def compile_fwd(spec: FwdSpec, options: str = "", jit_engine: bool = True):
 
 def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     """TVM-FFI function (q, k, v, dout, lse_log2, dsum, dq_accum, dk, dv, sem,
-    softmax_scale_log2, score_premul, softmax_scale, window_left, window_right); lse_log2 and
-    dsum are padded to a multiple of tile_m rows, dk / dv are per query head, sem is a zeroed
-    (batch, heads, query tiles) int32 tensor (any int32 (x, heads, y) tensor unless
-    deterministic)."""
+    softmax_scale_log2, score_premul, softmax_scale, window_left, window_right, max_seqlen_k,
+    cu_seqlens_q, cu_seqlens_k); lse_log2 and dsum are padded to a multiple of tile_m rows,
+    dk / dv are per query head, sem is a zeroed (batch, heads, query tiles) int32 tensor (any
+    int32 (x, heads, y) tensor unless deterministic). spec.varlen: every tensor has a unit
+    batch, the per-row buffers (lse_log2, dsum, dq_accum, sem) are padded per sequence
+    (seqlen.padded_row_offset) and the cu_seqlens are int32 vectors; else they are None."""
     dtype = DTYPES[spec.dtype]
-    kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic)
+    kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic, spec.varlen)
     h, d, dv = spec.num_heads, spec.head_dim, spec.head_dim_v
     b, sq, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int()
     q, k, v, sk = _fake_qkv(spec, b, sq)
     do = _fake_bshd(dtype, h, dv, b, sq)
-    dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq)
+    # packed: the accumulator has padded rows (sq_pad), not q's
+    dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq_pad if spec.varlen else sq)
     dk = _fake_bshd(dtype, h, d, b, sk)
     dvt = _fake_bshd(dtype, h, dv, b, sk)
     lse, dsum = _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad)
     sem = cute.runtime.make_fake_compact_tensor(
         cutlass.Int32, (cute.sym_int(), h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4
     )
+    cu = [_fake_int32_vector(), _fake_int32_vector()] if spec.varlen else [None, None]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
         kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt, sem,
         cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
-        cutlass.Int32(0), cutlass.Int32(0), stream, options=options, jit_engine=jit_engine,
+        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), *cu, stream, options=options,
+        jit_engine=jit_engine,
     )  # fmt: skip
 
 
 def compile_bwd_preprocess(
-    dtype_name: str, head_dim: int, head_dim_v: int, options: str = "", jit_engine: bool = True
+    dtype_name: str,
+    head_dim: int,
+    head_dim_v: int,
+    options: str = "",
+    jit_engine: bool = True,
+    varlen_tile_m: int = 0,
 ):
-    """TVM-FFI function (out, dout, lse, lse_log2, dsum, dq_accum); see BwdPreprocess."""
+    """TVM-FFI function (out, dout, lse, lse_log2, dsum, dq_accum, cu_seqlens_q,
+    max_seqlen_q); see BwdPreprocess (varlen_tile_m > 0: packed, cu_seqlens_q an int32
+    vector; else None)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     o = _fake_bshd(dtype, h, head_dim_v, b, sq)
     do = _fake_bshd(dtype, h, head_dim_v, b, sq)
-    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq)
+    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq_pad if varlen_tile_m else sq)
+    cu = _fake_int32_vector() if varlen_tile_m else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPreprocess(dtype, head_dim, head_dim_v), o, do, _fake_rows(b, h, sq),
-        _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, stream,
-        options=options, jit_engine=jit_engine,
+        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m), o, do, _fake_rows(b, h, sq),
+        _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu, cutlass.Int32(1),
+        stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 
 def compile_bwd_postprocess(
-    dtype_name: str, head_dim: int, options: str = "", jit_engine: bool = True
+    dtype_name: str,
+    head_dim: int,
+    options: str = "",
+    jit_engine: bool = True,
+    varlen_tile_m: int = 0,
 ):
-    """TVM-FFI function (dq_accum, dq, softmax_scale); see BwdPostprocess."""
+    """TVM-FFI function (dq_accum, dq, softmax_scale, cu_seqlens_q, max_seqlen_q); see
+    BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess)."""
     dtype = DTYPES[dtype_name]
-    b, sq, h = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq)
+    b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq_pad if varlen_tile_m else sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
+    cu = _fake_int32_vector() if varlen_tile_m else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPostprocess(dtype, head_dim), dq_acc, dq, cutlass.Float32(1.0), stream,
-        options=options, jit_engine=jit_engine,
+        BwdPostprocess(dtype, head_dim, varlen_tile_m), dq_acc, dq, cutlass.Float32(1.0), cu,
+        cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 

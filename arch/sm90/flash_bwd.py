@@ -36,6 +36,16 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the 
     Q has two stages, dO its own count (BwdTileConfig.do_stages), and with dq_half_staging each
     warpgroup stages its half of dQ in turn in a (64, D / 2) buffer: that fits D = 256 in
     SM90's smem (218 KB).
+  * packed sequences (`varlen`, compile-time): q / dO / dQ rows packed by cu_seqlens_q and
+    k / v / dK / dV rows by cu_seqlens_k, each a unit-batch tensor; grid z is the sequence,
+    grid x is sized by the longest key sequence and tiles past a sequence's end leave at
+    once. Loads read through a `domain_offset` to the sequence's first row (rows past its
+    end belong to the next sequence: the mask hides their keys, and their queries meet
+    lse_log2 = +inf, so P = dS = 0 there); lse_log2, D, the dQ accumulator and the
+    deterministic counters are per-row buffers in which each sequence starts on a tile_m
+    boundary (`seqlen.padded_row_offset`), so no tile-sized load or reduce-add reaches
+    another sequence's rows; dK / dV are TMA-stored through a view that ends at each
+    sequence's last key (`seqlen.ragged_rows`).
 
 Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
@@ -44,7 +54,7 @@ head.
 
 Constraints: fp16/bf16; head dims from tile_config.BWD_HEAD_DIMS; (batch, seq, heads, dim)
 layout with contiguous last dim and 16-byte strides; lse_log2 and D are (batch, heads,
-seqlen_q rounded up to tile_m) fp32.
+seqlen_q rounded up to tile_m) fp32 (packed: (1, heads, total_q + sequences * tile_m)).
 
 Compile without a GPU: CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
 """
@@ -61,8 +71,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
+from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
 
@@ -121,9 +133,14 @@ class FlashBwdSm90:
         has_softcap: bool,
         config: BwdTileConfig,
         deterministic: bool = False,
+        varlen: bool = False,
     ):
         self.dtype = dtype
         self.deterministic = deterministic
+        # packed q and k / v (cu_seqlens_q and cu_seqlens_k); the backward takes no seqused,
+        # paged or cached keys
+        self.varlen = varlen
+        self.features = InputFeatures(cu_seqlens_q=varlen, cu_seqlens_k=varlen)
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
         self.qhead_per_kvhead = qhead_per_kvhead
@@ -187,6 +204,12 @@ class FlashBwdSm90:
         softmax_scale: Float32,
         window_left: Int32,
         window_right: Int32,
+        # varlen: every tensor above has a unit batch, rows packed (q / dO / dK / dV) or
+        # padded per sequence (lse_log2, D, dQ accumulator, sem; seqlen.padded_row_offset);
+        # max_seqlen_k sizes the grid, cu_seqlens are (sequences + 1,) int32. Dense: unused
+        max_seqlen_k: Int32,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(mQ.element_type != self.dtype):
@@ -277,8 +300,13 @@ class FlashBwdSm90:
             tma_load, mDsum, cute.make_layout(tm), (tm,)
         )
         tma_atom_V, tma_V = tma(tma_load, mV, sV_layout, (tn, dv))
-        tma_atom_dK, tma_dK = tma(tma_store, mdK, sK_layout, (tn, d))
-        tma_atom_dV, tma_dV = tma(tma_store, mdV, sV_layout, (tn, dv))
+        # packed keys: views whose seq extent ends at each sequence's last key, so the store
+        # of a tile crossing into the next packed sequence is clipped there
+        mdK_store, mdV_store = mdK, mdV
+        if cutlass.const_expr(self.varlen):
+            mdK_store, mdV_store = ragged_rows(mdK), ragged_rows(mdV)
+        tma_atom_dK, tma_dK = tma(tma_store, mdK_store, sK_layout, (tn, d))
+        tma_atom_dV, tma_dV = tma(tma_store, mdV_store, sV_layout, (tn, dv))
         tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             tma_reduce, mdQacc, cute.select(sdQ_layout, mode=[0, 1]), (tm, dq_cols)
@@ -313,7 +341,11 @@ class FlashBwdSm90:
             raise ValueError(f"shared storage {SharedStorage.size_in_bytes()} B > SM90's smem")
 
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
-        grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        num_batch = cute.size(mQ.shape[3])
+        if cutlass.const_expr(self.varlen):
+            num_n_blocks = cute.ceil_div(max_seqlen_k, tn)
+            num_batch = mCuSeqlensQ.shape[0] - 1
+        grid = (num_n_blocks, cute.size(mQ.shape[2]), num_batch)
         self.kernel(
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
@@ -322,6 +354,7 @@ class FlashBwdSm90:
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sdQ_layout,
             sLSE_layout, sDsum_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
+            mCuSeqlensQ, mCuSeqlensK,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -371,6 +404,8 @@ class FlashBwdSm90:
         softmax_scale: Float32,
         window_left: Int32,
         window_right: Int32,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
     ):
         roles = self.roles
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -403,11 +438,21 @@ class FlashBwdSm90:
             # right-to-left turns (see dq_writer) wait on higher key tiles: launch those first.
             # Warp-uniform, or ptxas keeps the value per thread and the consumers spill at D=64.
             n_block = cute.arch.make_warp_uniform(cute.arch.grid_dim()[0] - 1 - n_block)
+        # dense: offsets 0, lengths the tensors' and batch coordinates `batch`; packed: the
+        # sequence's rows, batch coordinates 0
+        seq = SeqInfo.create(
+            self.features, batch, mQ.shape[0], mK.shape[0], mCuSeqlensQ, mCuSeqlensK,
+            None, None, None,
+        )  # fmt: skip
+        # first row of this sequence in the per-row buffers (lse_log2, D, dQ accumulator)
+        row_off = Int32(0)
+        if cutlass.const_expr(self.varlen):
+            row_off = padded_row_offset(seq.offset_q, batch, self.tile_m)
         mask = TileMask(
             self.tile_m,
             self.tile_n,
-            mQ.shape[0],
-            mK.shape[0],
+            seq.seqlen_q,
+            seq.seqlen_k,
             window_left,
             window_right,
             self.has_left,
@@ -417,29 +462,33 @@ class FlashBwdSm90:
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
-        if wg_idx == 0:
-            cute.arch.setmaxregister_decrease(roles.producer_regs)
-            if warp_idx == roles.load_warp:
-                self.load(
-                    tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
-                    tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
-                    sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
-                    n_block, head, batch, m_min, m_max,
+        # a packed batch's grid is sized by its longest key sequence: tiles past this one's
+        # end have nothing to do, not even zeros to store (every role leaves together)
+        if n_block * self.tile_n < seq.seqlen_k:
+            wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+            if wg_idx == 0:
+                cute.arch.setmaxregister_decrease(roles.producer_regs)
+                if warp_idx == roles.load_warp:
+                    self.load(
+                        tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                        tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
+                        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                        seq, row_off, n_block, head, m_min, m_max,
+                    )  # fmt: skip
+                if warp_idx == roles.dq_warp:
+                    self.dq_writer(
+                        tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
+                        m_min, m_max,
+                    )  # fmt: skip
+            else:
+                cute.arch.setmaxregister_increase(roles.mma_regs)
+                self.mma(
+                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
+                    tma_atom_dK, mdK, tma_atom_dV, mdV,
+                    sQ, sdO, sK, sV, sdS, sP, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
+                    seq, n_block, head, m_min, m_max,
+                    softmax_scale_log2, score_premul, softmax_scale,
                 )  # fmt: skip
-            if warp_idx == roles.dq_warp:
-                self.dq_writer(
-                    tma_atom_dQ, mdQacc, sdQ, mSem, mask, n_block, head, batch, m_min, m_max
-                )
-        else:
-            cute.arch.setmaxregister_increase(roles.mma_regs)
-            self.mma(
-                tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
-                tma_atom_dK, mdK, tma_atom_dV, mdV,
-                sQ, sdO, sK, sV, sdS, sP, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
-                n_block, head, batch, m_min, m_max,
-                softmax_scale_log2, score_premul, softmax_scale,
-            )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
     @cute.jit
@@ -466,24 +515,26 @@ class FlashBwdSm90:
         pipe_kv: pipeline.PipelineAsync,
         pipe_q: pipeline.PipelineAsync,
         pipe_do: pipeline.PipelineAsync,
+        seq: SeqInfo,
+        row_off: Int32,
         n_block: Int32,
         head: Int32,
-        batch: Int32,
         m_min: Int32,
         m_max: Int32,
     ):
         head_kv = head // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (n_block, 0))
-        gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
-        gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
+        qb, kvb = seq.q_batch, seq.kv_batch
+        gK = cute.local_tile(seq.rows_k(mK[None, None, head_kv, kvb]), (tn, d), (n_block, 0))
+        gV = cute.local_tile(seq.rows_k(mV[None, None, head_kv, kvb]), (tn, dv), (n_block, 0))
+        gQ = cute.local_tile(seq.rows_q(mQ[None, None, head, qb]), (tm, d), (None, 0))
+        gdO = cute.local_tile(seq.rows_q(mdO[None, None, head, qb]), (tm, dv), (None, 0))
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
         tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO, gdO)
-        gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))
-        gDsum = cute.local_tile(mDsum[None, head, batch], (tm,), (None,))
+        gLSE = cute.local_tile(self._padded_rows(mLSE[None, head, qb], row_off), (tm,), (None,))
+        gDsum = cute.local_tile(self._padded_rows(mDsum[None, head, qb], row_off), (tm,), (None,))
         tLsL, tLgL = tma_tiles(tma_atom_LSE, sLSE, gLSE, rank=1)
         tDsD, tDgD = tma_tiles(tma_atom_Dsum, sDsum, gDsum, rank=1)
         if m_max > m_min:
@@ -539,22 +590,26 @@ class FlashBwdSm90:
         sdQ: cute.Tensor,
         mSem: cute.Tensor,
         mask: TileMask,
+        seq: SeqInfo,
+        row_off: Int32,
         n_block: Int32,
         head: Int32,
-        batch: Int32,
         m_min: Int32,
         m_max: Int32,
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
-        sem_bh = mSem[None, head, batch]
+        # one counter per query tile (packed: the padded rows' tiles)
+        sem_bh = self._padded_rows(mSem[None, head, seq.q_batch], row_off // self.tile_m)
         # (query tile, head-dim part) tiles: one part, or one per warpgroup (dq_half_staging)
         parts, threads = 1, roles.dq_sync_threads
         if cutlass.const_expr(self.dq_halves):
             parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
         step = roles.bar_dq_wg_step
         gdQ = cute.local_tile(
-            mdQacc[None, None, head, batch], (self.tile_m, self.tile_d // parts), (None, None)
+            self._padded_rows(mdQacc[None, None, head, seq.q_batch], row_off),
+            (self.tile_m, self.tile_d // parts),
+            (None, None),
         )
         tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
         # every buffer starts empty (one shared half buffer: for the first warpgroup)
@@ -607,9 +662,9 @@ class FlashBwdSm90:
         pipe_q: pipeline.PipelineAsync,
         pipe_do: pipeline.PipelineAsync,
         mask: TileMask,
+        seq: SeqInfo,
         n_block: Int32,
         head: Int32,
-        batch: Int32,
         m_min: Int32,
         m_max: Int32,
         softmax_scale_log2: Float32,
@@ -796,7 +851,7 @@ class FlashBwdSm90:
             cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         self.epilogue(
             tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sK, sV,
-            acc_dk, acc_dv, tidx, n_block, head, batch, softmax_scale,
+            acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ epilogue role
@@ -814,9 +869,9 @@ class FlashBwdSm90:
         acc_dk: cute.Tensor,
         acc_dv: cute.Tensor,
         tidx: Int32,
+        seq: SeqInfo,
         n_block: Int32,
         head: Int32,
-        batch: Int32,
         softmax_scale: Float32,
     ):
         roles = self.roles
@@ -845,8 +900,12 @@ class FlashBwdSm90:
         if warp_idx == roles.store_warp:
             tile_k = (self.tile_n, self.tile_d)
             tile_v = (self.tile_n, self.tile_dv)
-            gdK = cute.local_tile(mdK[None, None, head, batch], tile_k, (n_block, 0))
-            gdV = cute.local_tile(mdV[None, None, head, batch], tile_v, (n_block, 0))
+            mdK_head = mdK[None, None, head, seq.kv_batch]
+            mdV_head = mdV[None, None, head, seq.kv_batch]
+            if cutlass.const_expr(self.varlen):
+                mdK_head, mdV_head = seq.ragged_rows_k(mdK, head), seq.ragged_rows_k(mdV, head)
+            gdK = cute.local_tile(mdK_head, tile_k, (n_block, 0))
+            gdV = cute.local_tile(mdV_head, tile_v, (n_block, 0))
             tdKsdK, tdKgdK = tma_tiles(tma_atom_dK, sK, gdK)
             tdVsdV, tdVgdV = tma_tiles(tma_atom_dV, sV, gdV)
             cute.copy(tma_atom_dK, tdKsdK, tdKgdK)
@@ -855,6 +914,12 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ helpers
+    def _padded_rows(self, t: cute.Tensor, row_off: Int32) -> cute.Tensor:
+        """t's rows from this sequence's first one in a padded per-row buffer (varlen)."""
+        if cutlass.const_expr(self.varlen):
+            return cute.domain_offset((row_off,) + (0,) * (cute.rank(t) - 1), t)
+        return t
+
     @cute.jit
     def _query_cols(self, tSsX: cute.Tensor) -> cute.Tensor:
         """A per-query-row statistic (lse_log2 or D) for each query column of this thread's
