@@ -204,6 +204,27 @@ def _backward(
         return backward(q, k, v, out, lse, dout, p, dlse)
 
 
+def _varlen_backward(q, k, v, out, lse, dout, dlse, *, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, softmax_scale, window_size, softcap,
+                     deterministic=False):  # fmt: skip
+    """The eager varlen backward for the torch.library op (window already normalized; the
+    index values were checked by the forward)."""
+    from .bwd_sm90 import backward_varlen
+
+    with torch.no_grad():
+        p, _ = validate_varlen_deferred(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=None,
+            seqused_k=None, page_table=None, softmax_scale=softmax_scale, causal=False,
+            window_size=window_size, softcap=softcap, num_splits=0, pack_gqa=None,
+            deterministic=deterministic,
+        )  # fmt: skip
+        return backward_varlen(
+            q, k, v, out, lse, dout, p, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            dlse=dlse,
+        )  # fmt: skip
+
+
 def _run(q, k, v, p, fallback, memo_key=None):
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
     if d.impl == "sm90_fwd":
@@ -260,6 +281,16 @@ def flash_attn_varlen_func(
         window_size=window_size, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
         deterministic=deterministic,
     )  # fmt: skip
+    if torch.compiler.is_compiling():
+        # traced as one opaque op with a fake implementation and an autograd formula
+        # (num_splits / pack_gqa keep their defaults there: the tuning table decides)
+        from . import ops
+
+        return ops.varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, p.seqlen_q,
+            p.seqlen_k, p.softmax_scale, p.window_left, p.window_right, p.softcap,
+            fallback or "", p.deterministic,
+        )  # fmt: skip
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
                         entry="flash_attn_varlen_func")  # fmt: skip
     if d.impl == "sm90_fwd":

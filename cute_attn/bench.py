@@ -204,12 +204,13 @@ VARLEN_SEQLENS = (512, 8192, 1024, 6000, 3000, 256, 7000, 2048, 4096, 5000, 300,
 
 def _varlen_rows():
     # the same packed batch forward (the inference issue's row) and backward (training on
-    # packed sequences)
+    # packed sequences; cute_attn also in its deterministic mode)
     s = VARLEN_SEQLENS
-    return [Row(f"{mode} varlen {len(s)} seqs {sum(s)} tok h32/8 d128 causal".lstrip(), len(s),
-                max(s), max(s), 32, 8, 128, 128, causal=True, seqlens=s,
-                mode="fwd" if mode == "" else mode)
-            for mode in ("", "bwd")]  # fmt: skip
+    name = f"varlen {len(s)} seqs {sum(s)} tok h32/8 d128 causal"
+    return [Row(f"{tag}{name}{det * ' det'}", len(s), max(s), max(s), 32, 8, 128, 128,
+                causal=True, seqlens=s, mode=mode, deterministic=det)
+            for tag, mode, det in (("", "fwd", False), ("bwd ", "bwd", False),
+                                   ("bwd ", "bwd", True))]  # fmt: skip
 
 
 def preset_rows(preset: str) -> list[Row]:
@@ -476,7 +477,7 @@ def _build_varlen(impl: str, row: Row, q, k, v):
         def fn():
             return cute_attn.flash_attn_varlen_func(
                 q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx,
-                causal=row.causal,
+                causal=row.causal, deterministic=row.deterministic,
             )[0]  # fmt: skip
 
         return [("", fn, (k, v))], contextlib.nullcontext
@@ -501,9 +502,12 @@ def _build_varlen(impl: str, row: Row, q, k, v):
         bounds = lens.tolist()
         views = [(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
                   v[a:b].transpose(0, 1)[None]) for a, b in zip(bounds, bounds[1:])]  # fmt: skip
-        out = torch.empty(q.shape[0], row.heads, row.head_dim_v, device=q.device, dtype=q.dtype)
 
         def fn_sdpa():
+            # a fresh output per call: backward rows keep every call's autograd graph, which
+            # writes into one shared buffer would invalidate
+            out = torch.empty(q.shape[0], row.heads, row.head_dim_v, device=q.device,
+                              dtype=q.dtype)  # fmt: skip
             for (qs, ks, vs), a, b in zip(views, bounds, bounds[1:]):
                 o = F.scaled_dot_product_attention(
                     qs, ks, vs, is_causal=row.causal, enable_gqa=row.heads != row.heads_kv

@@ -283,13 +283,14 @@ def backward_varlen(q, k, v, out, lse, dout, p: AttnProblem, *, cu_seqlens_q, cu
                     dlse=None):  # fmt: skip
     """Gradients of a packed call (see run_bwd_varlen): the varlen kernels when they serve it,
     else the reference's analytic backward sequence by sequence (it reads cu_seqlens on the
-    host), warned once and recorded like `backward`."""
-
-    def reason(p, tensors):
-        return varlen_grad_reason(p) or bwd_unsupported_reason(p, tensors)
-
+    host), warned once and recorded like `backward`. Packed q and k / v only: seqused and
+    paged problems raise (their forward refuses to run under autograd, see
+    fwd_sm90.varlen_grad_reason)."""
+    why = varlen_grad_reason(p)
+    if why is not None:
+        raise NotImplementedError(f"cute_attn: no backward for {why}")
     d = dispatch.select_backward(
-        p, (("q", q), ("k", k), ("v", v), ("out", out)), reason, bwd_kernel_note
+        p, (("q", q), ("k", k), ("v", v), ("out", out)), bwd_unsupported_reason, bwd_kernel_note
     )
     if d.impl == "sm90_bwd":
         return run_bwd_varlen(
@@ -305,6 +306,7 @@ def backward_varlen(q, k, v, out, lse, dout, p: AttnProblem, *, cu_seqlens_q, cu
             q[None, rq], k[None, rk], v[None, rk], out[None, rq], lse[None, :, rq],
             dout[None, rq], softmax_scale=p.softmax_scale, causal=False,
             window_size=(p.window_left, p.window_right), softcap=p.softcap, dlse=dl,
+            compute_dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
         )  # fmt: skip
         for acc, gb, rows in zip(grads, g, (rq, rk, rk)):
             acc[rows] = gb[0].to(acc.dtype)

@@ -13,6 +13,15 @@ implementation, so the traced backward graph holds it as one opaque node.
 
 `flash_attn_func` calls this op only while torch.compile is tracing; eager calls keep the
 direct path, which costs no dispatcher overhead.
+
+`flash_attn_varlen_func` likewise traces into `cute_attn::varlen_fwd(q, k, v, cu_seqlens_q,
+cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, softmax_scale,
+window_left, window_right, softcap, fallback, deterministic) -> (out, lse)` (max_seqlen_q / _k
+must then be given: tracing cannot read the lengths), whose autograd formula calls
+`cute_attn::varlen_bwd(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k,
+max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap,
+deterministic) -> (dq, dk, dv)`: the SM90 varlen backward for q and k / v packed by
+cu_seqlens; gradients through seqused_q / seqused_k / page_table raise, as in eager mode.
 """
 
 from __future__ import annotations
@@ -100,3 +109,113 @@ def _backward(ctx, dout, dlse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------ varlen
+@torch.library.custom_op("cute_attn::varlen_fwd", mutates_args=())
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    seqused_q: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    fallback: str,
+    deterministic: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from .api import flash_attn_varlen_func
+
+    with torch.no_grad():  # gradients come from the registered formula, not the eager entry
+        out, lse = flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
+            seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
+            window_size=(window_left, window_right), softcap=softcap,
+            deterministic=deterministic, fallback=fallback or None,
+        )  # fmt: skip
+    return out.contiguous(), lse.contiguous()
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
+                     max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+                     softcap, fallback, deterministic=False):  # fmt: skip
+    total_q, h, _ = q.shape
+    return q.new_empty((total_q, h, v.shape[-1])), q.new_empty((h, total_q), dtype=torch.float32)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used_q, used_k, table = inputs[:8]
+    max_q, max_k, scale, left, right, softcap, _, deterministic = inputs[8:]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.params = (max_q, max_k, scale, left, right, softcap, deterministic)
+    # the varlen backward takes packed q and k / v only (fwd_sm90.varlen_grad_reason)
+    ctx.refused = None
+    if table is not None:
+        ctx.refused = "page_table"
+    elif used_q is not None or used_k is not None:
+        ctx.refused = "seqused_q / seqused_k"
+
+
+@torch.library.custom_op("cute_attn::varlen_bwd", mutates_args=())
+def varlen_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .api import _varlen_backward
+
+    return _varlen_backward(
+        q, k, v, out, lse, dout, dlse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+        window_size=(window_left, window_right), softcap=softcap, deterministic=deterministic,
+    )  # fmt: skip
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, window_left, window_right, softcap,
+                     deterministic=False):  # fmt: skip
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_backward_formula(ctx, dout, dlse):
+    if ctx.refused is not None:
+        raise NotImplementedError(
+            f"cute_attn: no backward for gradients through {ctx.refused} (the varlen backward "
+            "takes q and k / v packed by cu_seqlens_q / cu_seqlens_k)"
+        )
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, scale, left, right, softcap, deterministic = ctx.params
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = varlen_bwd(
+        q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
+        deterministic,
+    )  # fmt: skip
+    return dq, dk, dv, *(None,) * 13
+
+
+varlen_fwd.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)

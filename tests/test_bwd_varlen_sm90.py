@@ -156,6 +156,66 @@ def test_varlen_bwd_deterministic_is_bitwise_and_sequences_do_not_leak(d, causal
 
 
 @pytest.mark.gpu
+def test_varlen_bwd_torch_compile_training_step():
+    # fullgraph: flash_attn_varlen_func traces into the varlen op, whose backward op runs the
+    # varlen kernels
+    torch._dynamo.reset()
+    lens_q, lens_k = LENGTHS["mixed"]
+    q, k, v, dout = _packed(lens_q, lens_k, 4, 2, 128, 128, torch.bfloat16)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+
+    def step(q, k, v):
+        out, lse = flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+            max_seqlen_k=max(lens_k), causal=True,
+        )  # fmt: skip
+        fin = torch.where(torch.isfinite(lse), lse, 0.0)
+        return (out.float() * dout.float()).sum() + fin.sum() * 1e-3
+
+    grads = {}
+    for name, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        fn(qq, kk, vv).backward()
+        assert last_backward_dispatch().impl == "sm90_bwd"
+        grads[name] = (qq.grad, kk.grad, vv.grad)
+    for a, b in zip(grads["eager"], grads["compiled"]):
+        # same kernels, but dQ partials are added in arrival order: not bitwise
+        assert (a.float() - b.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_varlen_bwd_cuda_graph_replay_matches_eager():
+    # no host sync in the varlen forward (its index check is skipped while capturing) nor in
+    # the backward, so a training step captures
+    lens_q, lens_k = LENGTHS["self"]
+    q, k, v, dout = _packed(lens_q, lens_k, 4, 2, 128, 128, torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+
+    def fwd_bwd():
+        out, _ = flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+            max_seqlen_k=max(lens_k), causal=True,
+        )  # fmt: skip
+        return torch.autograd.grad((out.float() * dout.float()).sum(), (q, k, v))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: compile and load every kernel outside the capture
+            eager = fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fwd_bwd()
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):
+        assert (a.float() - b.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
 def test_varlen_bwd_seqused_falls_back_only_with_reference():
     # seqused_q / seqused_k under autograd are not served by the varlen backward: refused on
     # the default policy, the reference's autograd with fallback='reference'

@@ -121,24 +121,18 @@ def test_varlen_gradients_need_packed_kv(fake_arch):
 
 
 def test_varlen_backward_dispatch_names_the_kernel(fake_arch):
-    # the backward of a packed call records the SM90 kernel; a seqused problem (reachable only
-    # through a direct call) records the reference fallback with the reason
-    from cute_attn.bwd_sm90 import bwd_kernel_note, bwd_unsupported_reason
-    from cute_attn.fwd_sm90 import varlen_grad_reason
+    # the backward of a packed call records the SM90 kernel; a seqused or paged problem has no
+    # varlen backward at all (its tensors do not carry the lengths / pages): it raises
+    from cute_attn.bwd_sm90 import backward_varlen, bwd_kernel_note, bwd_unsupported_reason
 
     fake_arch("sm_90a")
-
-    def reason(p, tensors):
-        return varlen_grad_reason(p) or bwd_unsupported_reason(p, tensors)
-
     p = dataclasses.replace(BASE, varlen=True)
-    d = dispatch.select_backward(p, _tensors(), reason, bwd_kernel_note)
+    d = dispatch.select_backward(p, _tensors(), bwd_unsupported_reason, bwd_kernel_note)
     assert (d.entry, d.impl) == ("backward", "sm90_bwd"), d
-    with pytest.warns(RuntimeWarning, match="seqused"):
-        d = dispatch.select_backward(
-            dataclasses.replace(p, has_seqused_k=True), _tensors(), reason, bwd_kernel_note
-        )
-    assert d.impl == "reference" and "seqused" in d.reason, d
+    for change in ({"has_seqused_k": True}, {"paged": True, "page_size": 16}):
+        with pytest.raises(NotImplementedError, match="no backward for gradients through"):
+            backward_varlen(*(None,) * 6, dataclasses.replace(p, **change),
+                            cu_seqlens_q=None, cu_seqlens_k=None)  # fmt: skip
 
 
 def test_unaligned_strides_are_named(fake_arch):

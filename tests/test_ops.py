@@ -92,3 +92,65 @@ def test_eager_autograd_lse_only_and_lse_gradient():
     attention_ref(qr, kr, vr, causal=True, compute_dtype=torch.float64)[1].sum().backward()
     for a, r in ((q, qr), (k, kr), (v, vr)):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=2e-6)
+
+
+# ------------------------------------------------------------------------------------ varlen
+LENS_Q, LENS_K = (3, 0, 5, 1), (4, 2, 5, 0)
+
+
+def _varlen_inputs(dtype=torch.float64, requires_grad=False):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(sum(LENS_Q), 4, 16, dtype=dtype, generator=g)
+    k = torch.randn(sum(LENS_K), 2, 16, dtype=dtype, generator=g)
+    v = torch.randn(sum(LENS_K), 2, 16, dtype=dtype, generator=g)
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)], cu(LENS_Q), cu(LENS_K)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (2, 1)])
+def test_opcheck_varlen(window):
+    (q, k, v), cu_q, cu_k = _varlen_inputs(requires_grad=True)
+    args = (q, k, v, cu_q, cu_k, None, None, None, max(LENS_Q), max(LENS_K), 0.25, *window, 0.0,
+            "", False)  # fmt: skip
+    torch.library.opcheck(ops.varlen_fwd, args)
+    q, k, v = (t.detach() for t in (q, k, v))  # the backward op has no formula of its own
+    out, lse = ops.varlen_fwd(q, k, v, *args[3:])
+    dlse = torch.randn_like(lse)
+    bargs = (q, k, v, out, lse, torch.randn_like(out), dlse, cu_q, cu_k, max(LENS_Q),
+             max(LENS_K), 0.25, *window, 0.0, False)  # fmt: skip
+    torch.library.opcheck(ops.varlen_bwd, bargs)
+
+
+def test_compile_fullgraph_varlen_forward_and_backward():
+    # torch.compile traces flash_attn_varlen_func into the varlen op (max_seqlen given); the
+    # compiled step's gradients (the op's backward: the reference sequence by sequence on the
+    # CPU) match eager autograd through the reference
+    (q, k, v), cu_q, cu_k = _varlen_inputs(requires_grad=True)
+
+    def step(q, k, v):
+        out, lse = cute_attn.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(LENS_Q),
+            max_seqlen_k=max(LENS_K), causal=True,
+        )  # fmt: skip
+        return (out * out).sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled(q, k, v).backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    step(q, k, v).backward()
+    for g, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(g, t.grad, rtol=1e-5, atol=2e-6)
+
+
+def test_varlen_op_refuses_gradients_through_seqused():
+    (q, k, v), cu_q, cu_k = _varlen_inputs(requires_grad=True)
+    used = torch.tensor(LENS_Q, dtype=torch.int32)
+    out, _ = ops.varlen_fwd(q, k, v, cu_q, cu_k, used, None, None, max(LENS_Q), max(LENS_K),
+                            0.25, -1, 0, 0.0, "")  # fmt: skip
+    with pytest.raises(NotImplementedError, match="seqused_q / seqused_k"):
+        out.sum().backward()
