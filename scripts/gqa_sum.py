@@ -28,9 +28,9 @@ def main() -> None:
     g = a.heads // a.heads_kv
     x = torch.randn(a.total, a.heads, a.dim, device="cuda", dtype=torch.bfloat16)
     forms = {
-        "fp32 sum + cast": lambda: x.unflatten(-2, (a.heads_kv, g))
-        .sum(-2, dtype=torch.float32)
-        .to(x.dtype),
+        "fp32 sum + cast": lambda: (
+            x.unflatten(-2, (a.heads_kv, g)).sum(-2, dtype=torch.float32).to(x.dtype)
+        ),
         "bf16 sum": lambda: x.unflatten(-2, (a.heads_kv, g)).sum(-2),
     }
     ref = forms["fp32 sum + cast"]()
