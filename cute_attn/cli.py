@@ -5,8 +5,10 @@ What:
            and its arch, which kernels serve it, the kernel cache; `--json` for machines.
   check    correctness sweep against cute_attn.reference; a PASS/FAIL table, exit 1 on any
            FAIL. Always checks the reference itself (dense vs tiled, analytic backward vs
-           autograd, the public API on CPU tensors); on an SM90 GPU also flash_attn_func on
-           CUDA bf16/fp16 with the FlashAttention error rule. `--quick` for a short subset.
+           autograd, the public API on CPU tensors, gradients through flash_attn_func and
+           flash_attn_varlen_func); on an SM90 GPU also flash_attn_func on CUDA bf16/fp16 and
+           the backward kernels (dense and packed, a subset of the masks) with the
+           FlashAttention error rule. `--quick` for a short subset.
   bench    benchmark over a shape matrix (see cute_attn.bench); exits 0 without a GPU.
   compile  ahead-of-time build of kernel variants for an arch (cute_attn.aot), on any machine.
 
@@ -24,6 +26,7 @@ How to run:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
@@ -168,7 +171,7 @@ _TILES = ((17, 29), (64, 32))
 class _Table:
     """Prints check rows as they finish (a long GPU sweep shows progress) and counts them."""
 
-    cols = (("case", 52), ("impl", 10), ("max err", 9), ("tol", 9), ("lse err", 9), ("tol", 8))
+    cols = (("case", 60), ("impl", 10), ("max err", 9), ("tol", 9), ("lse err", 9), ("tol", 8))
 
     def __init__(self):
         self.passed = self.failed = self.skipped = 0
@@ -340,6 +343,99 @@ def _run_api_case(table, case, shape, sem, dtype, device, gen, require_kernel):
     table.add(case, impl, err, tol, lse_err, lse_tol, ok=ok, note="; ".join(notes))
 
 
+def _varlen_lens(b: int, s: int) -> list[int]:
+    """Sequence lengths for a packed backward row of batch b: the first sequence of length s,
+    the others shorter and odd-sized (tiles then cross into the next sequence)."""
+    return [s] + [s // (i + 1) + 1 for i in range(1, b)]
+
+
+def _loss_grads(fn, inputs, dout, dlse_w):
+    """Gradients of sum(out * dout) + sum(lse * dlse_w) (finite lse only) w.r.t. inputs."""
+    import torch
+
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out, lse = fn(*leaves)
+    loss = (out.float() * dout.float()).sum()
+    loss = loss + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse_w).sum()
+    return torch.autograd.grad(loss, leaves)
+
+
+def _run_bwd_case(table, case, shape, sem, dtype, device, gen, require_kernel, varlen=False):
+    """Gradients (dq, dk, dv, the lse gradient included) of flash_attn_func, or of
+    flash_attn_varlen_func over packed sequences, vs autograd through the fp32 reference,
+    under the FlashAttention rule per gradient; one table row showing the gradient nearest
+    its bound."""
+    import torch
+
+    import cute_attn
+    from cute_attn import reference
+
+    b, sq, sk, h, hkv, d, dv = shape
+    if varlen:
+        lens_q, lens_k = _varlen_lens(b, sq), _varlen_lens(b, sk)
+        q = _randn((sum(lens_q), h, d), dtype, device, gen)
+        k = _randn((sum(lens_k), hkv, d), dtype, device, gen)
+        v = _randn((sum(lens_k), hkv, dv), dtype, device, gen)
+        cu = {
+            name: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32,
+                               device=device)
+            for name, lens in (("cu_seqlens_q", lens_q), ("cu_seqlens_k", lens_k))
+        }  # fmt: skip
+        lengths = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+
+        def api(a, b_, c):
+            return cute_attn.flash_attn_varlen_func(a, b_, c, **cu, **lengths, **sem)
+
+        def ref(a, b_, c, **kw):
+            return reference.attention_ref_varlen(a, b_, c, **cu, **sem, **kw)
+
+        out_shape, lse_shape = (q.shape[0], h, dv), (h, q.shape[0])
+    else:
+        q, k, v = _ref_inputs(shape, dtype, gen, device)
+
+        def api(a, b_, c):
+            return cute_attn.flash_attn_func(a, b_, c, **sem)
+
+        def ref(a, b_, c, **kw):
+            return reference.attention_ref(a, b_, c, **sem, **kw)
+
+        out_shape, lse_shape = (b, sq, h, dv), (b, h, sq)
+    dout = _randn(out_shape, dtype, device, gen)
+    dlse_w = _randn(lse_shape, torch.float32, device, gen)
+    before = cute_attn.last_backward_dispatch()
+    try:
+        got = _loss_grads(api, (q, k, v), dout, dlse_w)
+        # a kernel forward records its backward's decision; the reference forward's gradients
+        # are plain autograd, which records none
+        after = cute_attn.last_backward_dispatch()
+        impl = after.impl if after is not None and after is not before else "reference"
+    except NotImplementedError as e:
+        ok = False if require_kernel else "skip"
+        table.add(case, "none", None, None, ok=ok, note=str(e)[:300])
+        return
+    except Exception as e:  # noqa: BLE001 - a raising case is a FAIL row, the sweep goes on
+        table.add(case, "error", None, None, ok=False, note=f"{type(e).__name__}: {e}"[:300])
+        return
+    f32 = [t.float() for t in (q, k, v)]
+    ref_g = _loss_grads(lambda a, b_, c: ref(a, b_, c, compute_dtype=torch.float32), f32, dout,
+                        dlse_w)  # fmt: skip
+    base_g = _loss_grads(lambda a, b_, c: ref(a, b_, c, compute_dtype=None), (q, k, v), dout,
+                         dlse_w)  # fmt: skip
+    rows, notes = [], []
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref_g, base_g):
+        if g.dtype != dtype or g.shape != r.shape:
+            notes.append(f"{name} {g.dtype} {tuple(g.shape)}")
+        err = _max_abs_diff(g.float(), r)
+        atol = _max_abs_diff(r.to(dtype).float(), r) + 1e-5
+        rows.append((err / (2.0 * _max_abs_diff(s.float(), r) + atol), name, err,
+                     2.0 * _max_abs_diff(s.float(), r) + atol))  # fmt: skip
+    worst, name, err, tol = max(rows)
+    if require_kernel and impl == "reference":
+        notes.append("fell back to the reference (--require-kernel)")
+    ok = not notes and all(r[0] <= 1.0 for r in rows)
+    table.add(case, impl, err, tol, ok=ok, note="; ".join([f"worst {name}", *notes]))
+
+
 _TAGS = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 
 
@@ -360,6 +456,12 @@ def _check_api_cpu(table: _Table, quick: bool, flt: str | None) -> None:
                 case = f"api cpu {tag} {_shape_name(shape)} {mname}"
                 if not flt or flt in case:
                     _run_api_case(table, case, shape, sem, dtype, "cpu", gen, False)
+            # gradients through the public entries (the reference's autograd on the CPU)
+            for varlen in (False, True):
+                case = f"bwd cpu bf16 {_shape_name(shape)} {mname}" + " varlen" * varlen
+                if not flt or flt in case:
+                    _run_bwd_case(table, case, shape, sem, torch.bfloat16, "cpu", gen, False,
+                                  varlen)  # fmt: skip
 
 
 # GPU sweep: head dims (D, Dv), masks, GQA ratios rotated across combos, odd lengths.
@@ -371,6 +473,7 @@ _GPU_MASKS = {
     "causal+window(96)": (True, (96, None), 0.0),
     "softcap5": (False, (None, None), 5.0),
 }
+_GPU_BWD_MASKS = ("causal", "window(64,32)", "softcap5")
 _GPU_HEADS = ((6, 6), (6, 2), (6, 1))
 _GPU_LENS = ((2, 113, 203), (1, 1, 1), (1, 239, 1), (1, 1, 4096), (2, 128, 128), (1, 1000, 1000))
 
@@ -398,6 +501,16 @@ def _check_gpu(table: _Table, quick: bool, flt: str | None, require_kernel: bool
                     case = f"cuda {tag} {_shape_name(shape)} {mname}"
                     if not flt or flt in case:
                         _run_api_case(table, case, shape, sem, dtype, device, gen, require_kernel)
+                # the backward (dense and packed), on fewer masks: each row compiles a
+                # forward and a backward variant (a few seconds each)
+                if mname not in _GPU_BWD_MASKS or (quick and mname != "causal"):
+                    continue
+                for varlen in (False, True):
+                    shape = (2, 113, 203, h, hkv, d, dv)
+                    case = f"cuda bwd {tag} {_shape_name(shape)} {mname}" + " varlen" * varlen
+                    if not flt or flt in case:
+                        _run_bwd_case(table, case, shape, sem, dtype, device, gen,
+                                      require_kernel, varlen)  # fmt: skip
 
 
 def _has_supported_gpu() -> bool:
@@ -427,7 +540,9 @@ def cmd_check(args) -> int:
     print(
         "tolerances: reference rows 10*eps*sqrt(Sk)*max|ref|; api rows the FlashAttention rule "
         "max|out - ref_fp32| <= 2*max|torch_same_dtype - ref_fp32| + atol (atol = 1e-5), "
-        "lse abs 1e-3 (-inf == -inf)"
+        "lse abs 1e-3 (-inf == -inf); bwd rows the same rule for each of dq, dk, dv (loss "
+        "sum(out * dout) + sum(lse * w); atol = rounding the fp32 gradient to the dtype + "
+        "1e-5), the gradient nearest its bound shown"
     )
     if not gpu:
         print("no supported GPU found: checked the reference path only")

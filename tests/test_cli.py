@@ -77,13 +77,33 @@ def test_info_json_parses():
 def test_check_quick_passes_on_cpu():
     res = _run("check", "--quick")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [line for line in res.stdout.splitlines() if line.rstrip().endswith("PASS")]
+    rows = [line for line in res.stdout.splitlines() if "PASS" in line.split()]
     assert len(rows) >= 20
     # each kind of check ran: dense vs tiled, analytic backward, the public API on CPU
-    for kind in ("ref tiled fp64", "ref tiled fp32", "ref bwd fp64", "api cpu"):
+    for kind in ("ref tiled fp64", "ref tiled fp32", "ref bwd fp64", "api cpu", "bwd cpu"):
         assert any(r.startswith(kind) for r in rows), kind
+    assert any(r.startswith("bwd cpu") and " varlen " in r for r in rows)
     assert "FAIL" not in res.stdout.replace("0 FAIL", "")
     assert "no supported GPU found: checked the reference path only" in res.stdout
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_check_bwd_row_fails_wrong_gradients(monkeypatch, capsys, varlen):
+    # the backward rows compare against autograd through the fp32 reference: an entry whose
+    # output is 5% off (so are its gradients) is a FAIL row, the exact one a PASS
+    import cute_attn
+
+    name = "flash_attn_varlen_func" if varlen else "flash_attn_func"
+    real = getattr(cute_attn, name)
+    shape, sem = (2, 37, 53, 4, 2, 32, 32), dict(causal=True)
+    for scale, word in ((1.0, "PASS"), (1.05, "FAIL")):
+        monkeypatch.setattr(cute_attn, name, lambda *a, s=scale, **kw: tuple(
+            t * s if i == 0 else t for i, t in enumerate(real(*a, **kw))))  # fmt: skip
+        table = cli._Table()
+        gen = torch.Generator().manual_seed(0)
+        cli._run_bwd_case(table, "case", shape, sem, torch.bfloat16, "cpu", gen, False, varlen)
+        row = capsys.readouterr().out.splitlines()[-1]
+        assert row.split()[0] == "case" and word in row.split(), row
 
 
 @NO_CUDA
