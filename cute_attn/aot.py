@@ -237,9 +237,12 @@ def compile_variants(
 
 
 def _aux_jobs(arch, head_dims, dtypes):
-    """(name, kind, build thunk, instructions meant) of the combine and index-check kernels:
-    one combine per dtype and head_dim_v of the selected head dims, every index-check set."""
-    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
+    """(name, kind, build thunk, instructions meant) of the small kernels around the attention
+    ones: one split-KV combine per dtype and head_dim_v of the selected head dims, every
+    index-check set, and the backward's pre/postprocess per dtype and head-dim pair (dense,
+    and packed for each tile_m the backward table uses at that pair)."""
+    from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, bwd_tile_config
+    from .bwd_sm90 import _aux_keys, build_bwd_aux
     from .fwd_sm90 import CombineKey, IndexCheckKey, build_combine, build_index_check
 
     dvs = sorted({dv for d, dv in SUPPORTED_HEAD_DIMS if not head_dims or d in head_dims})
@@ -255,3 +258,18 @@ def _aux_jobs(arch, head_dims, dtypes):
         # a warp vote over the page loop, only where there are pages
         yield f"sm90_index_check {label}", "sm90_aux", lambda k=key: build_index_check(k), (
             ("VOTE",) if key.paged else ())  # fmt: skip
+    for dt, (d, dv) in itertools.product(dtypes, BWD_HEAD_DIMS):
+        if head_dims and d not in head_dims:
+            continue
+        # the packed forms pad each sequence to the main kernel's tile_m (run_bwd_varlen),
+        # which the table picks from (causal, local, softcap, deterministic)
+        tms = {
+            bwd_tile_config(d, dv, *flags).tile_m
+            for flags in itertools.product((False, True), repeat=4)
+        }
+        for tm in (0, *sorted(tms)):
+            form = f"varlen tile_m {tm}" if tm else "dense"
+            for key in _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm):
+                # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
+                yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", (
+                    lambda k=key: build_bwd_aux(k)), ("LDG.E.128",)  # fmt: skip

@@ -79,13 +79,14 @@ class BwdAuxKey(KernelKey):
 def build_bwd_aux(key: BwdAuxKey):
     from .arch.sm90 import compile as c  # imports cutlass: only when building
 
-    engine = not export_only()
-    tm = key.varlen_tile_m
+    engine, opts, tm = not export_only(), _artifact_options(), key.varlen_tile_m
     if key.kind == "pre":
         return c.compile_bwd_preprocess(
-            key.dtype, key.head_dim, key.head_dim_v, jit_engine=engine, varlen_tile_m=tm
+            key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm
         )
-    return c.compile_bwd_postprocess(key.dtype, key.head_dim, jit_engine=engine, varlen_tile_m=tm)
+    return c.compile_bwd_postprocess(
+        key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm
+    )
 
 
 @functools.lru_cache(maxsize=64)

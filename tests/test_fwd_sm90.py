@@ -215,6 +215,9 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     # the combine per head_dim_v (64, 96, 128, 192, 256) and every index-check set
     assert len([r for r in aux if "combine" in r["name"]]) == 5, aux
     assert len([r for r in aux if "index_check" in r["name"]]) == 15, aux
+    # the backward's pre/postprocess per head-dim pair: dense, and packed per table tile_m
+    # (64 and 128 at D=64, 64 elsewhere): 2 x (3 + 5 x 2)
+    assert len([r for r in aux if r["name"].startswith("sm90_bwd_")]) == 26, aux
     for r in rows:
         assert r["ok"], r
         assert r["spills"] == 0, r
