@@ -124,6 +124,20 @@ def test_opcheck_varlen(window):
     torch.library.opcheck(ops.varlen_bwd, bargs)
 
 
+def test_opcheck_varlen_seqused_and_pages():
+    # forward-only inputs (serving under torch.compile): seqused_k, and a paged cache
+    (q, k, v), cu_q, cu_k = _varlen_inputs()
+    used = torch.tensor([2, 1, 5, 0], dtype=torch.int32)
+    args = (q, k, v, cu_q, cu_k, None, used, None, max(LENS_Q), max(LENS_K), 0.25, -1, 0, 0.0,
+            "", False)  # fmt: skip
+    torch.library.opcheck(ops.varlen_fwd, args)
+    pages = torch.randn(6, 4, 2, 16, dtype=torch.float64)  # (num_pages, page_size, Hkv, D)
+    table = torch.tensor([[5, 0], [1, 2], [3, 4], [0, 0]], dtype=torch.int32)
+    args = (q, pages, pages.clone(), cu_q, cu_k, None, None, table, max(LENS_Q), max(LENS_K),
+            0.25, -1, 0, 0.0, "", False)  # fmt: skip
+    torch.library.opcheck(ops.varlen_fwd, args)
+
+
 def test_compile_fullgraph_varlen_forward_and_backward():
     # torch.compile traces flash_attn_varlen_func into the varlen op (max_seqlen given); the
     # compiled step's gradients (the op's backward: the reference sequence by sequence on the
