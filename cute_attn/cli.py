@@ -310,6 +310,20 @@ def _fa_rule(out, ref_out, base_out, lse, ref_lse):
     return err, tol, _max_abs_diff(lse.float(), ref_lse), 1e-3
 
 
+def _guarded(table, case, require_kernel, fn):
+    """fn() of one check row, or None once a row for its exception is added: dispatch's
+    NotImplementedError is a SKIP (FAIL with --require-kernel), anything else a FAIL."""
+    try:
+        return fn()
+    except NotImplementedError as e:
+        # No kernel serves this case on this device (dispatch said so): not a wrong answer.
+        ok = False if require_kernel else "skip"
+        table.add(case, "none", None, None, ok=ok, note=str(e)[:300])
+    except Exception as e:  # noqa: BLE001 - a raising case is a FAIL row, the sweep goes on
+        table.add(case, "error", None, None, ok=False, note=f"{type(e).__name__}: {e}"[:300])
+    return None
+
+
 def _run_api_case(table, case, shape, sem, dtype, device, gen, require_kernel):
     """flash_attn_func vs the fp32 reference under the FlashAttention rule, one table row."""
     import torch
@@ -318,17 +332,15 @@ def _run_api_case(table, case, shape, sem, dtype, device, gen, require_kernel):
     from cute_attn import reference
 
     q, k, v = _ref_inputs(shape, dtype, gen, device)
-    try:
-        out, lse = cute_attn.flash_attn_func(q, k, v, **sem)
-        impl = getattr(cute_attn.last_dispatch(), "impl", "?")
-    except NotImplementedError as e:
-        # No kernel serves this case on this device (dispatch said so): not a wrong answer.
-        ok = False if require_kernel else "skip"
-        table.add(case, "none", None, None, ok=ok, note=str(e)[:300])
+
+    def run():
+        res = cute_attn.flash_attn_func(q, k, v, **sem)
+        return res, getattr(cute_attn.last_dispatch(), "impl", "?")
+
+    res = _guarded(table, case, require_kernel, run)
+    if res is None:
         return
-    except Exception as e:  # noqa: BLE001 - a raising case is a FAIL row, the sweep goes on
-        table.add(case, "error", None, None, ok=False, note=f"{type(e).__name__}: {e}"[:300])
-        return
+    (out, lse), impl = res
     ref_out, ref_lse = reference.attention_ref(q, k, v, compute_dtype=torch.float32, **sem)
     base_out, _ = reference.attention_ref(q, k, v, compute_dtype=None, **sem)
     err, tol, lse_err, lse_tol = _fa_rule(out, ref_out, base_out, lse, ref_lse)
@@ -402,20 +414,19 @@ def _run_bwd_case(table, case, shape, sem, dtype, device, gen, require_kernel, v
         out_shape, lse_shape = (b, sq, h, dv), (b, h, sq)
     dout = _randn(out_shape, dtype, device, gen)
     dlse_w = _randn(lse_shape, torch.float32, device, gen)
-    before = cute_attn.last_backward_dispatch()
-    try:
+
+    def run():
+        before = cute_attn.last_backward_dispatch()
         got = _loss_grads(api, (q, k, v), dout, dlse_w)
         # a kernel forward records its backward's decision; the reference forward's gradients
         # are plain autograd, which records none
         after = cute_attn.last_backward_dispatch()
-        impl = after.impl if after is not None and after is not before else "reference"
-    except NotImplementedError as e:
-        ok = False if require_kernel else "skip"
-        table.add(case, "none", None, None, ok=ok, note=str(e)[:300])
+        return got, after.impl if after is not None and after is not before else "reference"
+
+    res = _guarded(table, case, require_kernel, run)
+    if res is None:
         return
-    except Exception as e:  # noqa: BLE001 - a raising case is a FAIL row, the sweep goes on
-        table.add(case, "error", None, None, ok=False, note=f"{type(e).__name__}: {e}"[:300])
-        return
+    got, impl = res
     f32 = [t.float() for t in (q, k, v)]
     ref_g = _loss_grads(lambda a, b_, c: ref(a, b_, c, compute_dtype=torch.float32), f32, dout,
                         dlse_w)  # fmt: skip

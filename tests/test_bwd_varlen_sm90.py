@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from cute_attn import flash_attn_varlen_func, last_backward_dispatch, last_dispatch
+from cute_attn.bench import capture_graph
 from cute_attn.reference import attention_ref_varlen
 
 from gpu_cases import SWEEP_MODES, mode_kwargs
@@ -199,15 +200,8 @@ def test_varlen_bwd_cuda_graph_replay_matches_eager():
         )  # fmt: skip
         return torch.autograd.grad((out.float() * dout.float()).sum(), (q, k, v))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # warm-up: compile and load every kernel outside the capture
-            eager = fwd_bwd()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fwd_bwd()
+    eager = fwd_bwd()  # compiles and loads every kernel outside the capture
+    graph, captured = capture_graph(fwd_bwd, warmup=2)
     for _ in range(2):
         graph.replay()
     torch.cuda.synchronize()
