@@ -59,3 +59,16 @@ def assert_matches(out, lse, ref, ref_lse, same, empty_rows=None):
     empty = (empty_rows or (lambda m: m.transpose(1, 2)))(~fin)
     if empty.any():
         assert (out[empty] == 0).all()
+
+
+def assert_grads_match(got, ref, same, dtype):
+    """The FlashAttention rule per gradient (dq, dk, dv): max|g - ref32| <= 2 * max|same -
+    ref32| + atol, where `same` is autograd through the reference in `dtype` and atol covers
+    rounding ref32 to it; gradients in `dtype`, shaped like the reference's, never NaN."""
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        assert g.dtype == dtype and g.shape == s.shape, (name, g.dtype, g.shape)
+        assert not g.isnan().any(), f"{name}: NaN"
+        err = (g.float() - r).abs().max().item()
+        base = (s.float() - r).abs().max().item()
+        atol = (r.to(dtype).float() - r).abs().max().item() + 1e-5
+        assert err <= 2 * base + atol, f"{name} err {err:.3e} > 2 * {base:.3e} + {atol:.3e}"

@@ -18,7 +18,7 @@ from compile_snippet import MASK_WINDOWS, run_json_snippet
 from cute_attn import flash_attn_func, last_backward_dispatch
 from cute_attn.reference import attention_ref
 
-from gpu_cases import SWEEP_MODES, attn_inputs, mode_kwargs, sweep_batch
+from gpu_cases import SWEEP_MODES, assert_grads_match, attn_inputs, mode_kwargs, sweep_batch
 
 
 def _inputs(*args, **kw):
@@ -50,13 +50,7 @@ def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
     _, *same = _grads(
         lambda a, b, c: attention_ref(a, b, c, compute_dtype=None, **rkw), q, k, v, dout, dlse_w
     )
-    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        assert g.dtype == q.dtype and g.shape == s.shape, (name, g.dtype, g.shape)
-        assert not g.isnan().any(), f"{name}: NaN"
-        err = (g.float() - r).abs().max().item()
-        base = (s.float() - r).abs().max().item()
-        atol = (r.to(q.dtype).float() - r).abs().max().item() + 1e-5
-        assert err <= 2 * base + atol, f"{name} err {err:.3e} > 2 * {base:.3e} + {atol:.3e}"
+    assert_grads_match(got, ref, same, q.dtype)
     return got
 
 

@@ -21,7 +21,7 @@ from cute_attn import flash_attn_varlen_func, last_backward_dispatch, last_dispa
 from cute_attn.bench import capture_graph
 from cute_attn.reference import attention_ref_varlen
 
-from gpu_cases import SWEEP_MODES, mode_kwargs
+from gpu_cases import SWEEP_MODES, assert_grads_match, mode_kwargs
 
 # (lens_q, lens_k) per case: cross-attention lengths, self-attention lengths, empty sequences
 LENGTHS = {
@@ -81,13 +81,7 @@ def _check(lens_q, lens_k, h=6, hkv=2, d=128, dv=128, dtype=torch.bfloat16, lse_
         lambda a, b, c: attention_ref_varlen(a, b, c, **cu, compute_dtype=None, **rkw),
         q, k, v, dout, dlse_w,
     )  # fmt: skip
-    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        assert g.dtype == q.dtype and g.shape == s.shape, (name, g.dtype, g.shape)
-        assert not g.isnan().any(), f"{name}: NaN"
-        err = (g.float() - r).abs().max().item()
-        base = (s.float() - r).abs().max().item()
-        atol = (r.to(q.dtype).float() - r).abs().max().item() + 1e-5
-        assert err <= 2 * base + atol, f"{name} err {err:.3e} > 2 * {base:.3e} + {atol:.3e}"
+    assert_grads_match(got, ref, same, q.dtype)
     return got
 
 
