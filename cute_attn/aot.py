@@ -137,8 +137,11 @@ def _variant_problems(head_dims, dtypes, heads):
     fwd = [(f, "", {}) for f in FEATURES] + [
         (plain if kw.get("decode") else causal, label, kw) for label, kw in FWD_INPUTS
     ]
-    # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too
-    bwd = [(f, "", {}) for f in BWD_FEATURES] + [(causal, "varlen", {"varlen": True})]
+    # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
+    # group_heads (GQA without a mask: the runtime takes it for grids of 3/4 of a wave or more)
+    bwd = [(f, "", {}) for f in BWD_FEATURES] + [
+        (causal, "varlen", {"varlen": True}), (plain, "group_heads", {"group_heads": True}),
+    ]  # fmt: skip
     kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, fwd), ("sm90_bwd", BWD_HEAD_DIMS, bwd))
     for kind, table, variants in kinds:
         for (d, dv), dt, (h, hkv), variant in itertools.product(table, dtypes, heads, variants):
@@ -178,7 +181,8 @@ def compile_variants(
         return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall, wide=wide)
 
     def make_bwd_key(p, arch, inputs):
-        return bwd_key(dataclasses.replace(p, varlen=inputs.get("varlen", False)), arch)
+        p = dataclasses.replace(p, varlen=inputs.get("varlen", False))
+        return bwd_key(p, arch, group_heads=inputs.get("group_heads", False))
 
     builders = {"sm90_fwd": (build_fwd, make_fwd_key), "sm90_bwd": (build_bwd, make_bwd_key)}
 

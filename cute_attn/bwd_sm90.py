@@ -8,7 +8,9 @@ around it, all on the caller's stream:
     subtracted from D here (D = rowsum(dO * O) - dlse);
   * postprocess (arch/common/bwd_postprocess.py): dQ = accumulator * softmax_scale in the
     input dtype; for GQA / MQA dK and dV (written per query head) are summed in fp32 over the
-    query heads sharing a KV head by torch.
+    query heads sharing a KV head by torch, unless the key's `group_heads` variant ran (a CTA
+    per KV head walking its query heads, the sum in the kernel's registers; chosen by
+    `runtime_bwd_key` from the grid size, tile_config.bwd_group_heads).
 
 `backward(...)` is the entry the autograd formulas call: SM90 kernel when it serves the
 problem, else the reference's analytic backward (recorded in `last_dispatch()`, warned once).
@@ -27,12 +29,18 @@ import functools
 import torch
 
 from . import dispatch, reference
-from .arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+from .arch.sm90.tile_config import (
+    BWD_HEAD_DIMS,
+    BwdTileConfig,
+    bwd_group_heads,
+    bwd_tile_config,
+)
 from .cache import KernelKey, compiled_cache, export_only
 from .fwd_sm90 import (
     ARCH,
     Sm90Key,
     _artifact_options,
+    _num_sms,
     softmax_scales,
     static_features,
     unsupported_reason,
@@ -48,18 +56,36 @@ class BwdKey(Sm90Key):
     deterministic: bool
     tile: tuple  # dataclasses.astuple(BwdTileConfig)
     varlen: bool = False  # packed by cu_seqlens_q / cu_seqlens_k (presence, not values)
+    # GQA / MQA: a CTA per KV head walks its query heads, dK / dV summed in the kernel
+    # (tile_config.bwd_group_heads picks it from the grid size)
+    group_heads: bool = False
 
 
-def bwd_key(p: AttnProblem, arch: str = ARCH) -> BwdKey:
-    return _bwd_key(arch, *static_features(p), p.deterministic, p.varlen)
+def bwd_key(p: AttnProblem, arch: str = ARCH, group_heads: bool = False) -> BwdKey:
+    return _bwd_key(arch, *static_features(p), p.deterministic, p.varlen, group_heads)
 
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_key(
-    arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det, varlen
-):
+    arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det, varlen,
+    group_heads,
+):  # fmt: skip
     tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap, det))
-    return BwdKey(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen)
+    group_heads = group_heads and h > hkv
+    return BwdKey(
+        arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen,
+        group_heads,
+    )  # fmt: skip
+
+
+def runtime_bwd_key(p: AttnProblem, batch: int, seqlen_k: int) -> BwdKey:
+    """The key a call runs: bwd_key with group_heads decided from the grid it would launch
+    (batch sequences, the longest seqlen_k keys) and the device's SM count."""
+    tile_n = BwdTileConfig(*bwd_key(p).tile).tile_n
+    ctas = batch * p.num_heads_kv * -(-seqlen_k // tile_n)
+    sms = _num_sms(p.device_index)
+    group = bwd_group_heads(p.qhead_per_kvhead, p.has_window, ctas, sms)
+    return bwd_key(p, group_heads=group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +187,7 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
     if b == 0 or sq == 0 or sk == 0:
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
-    key = key or bwd_key(p)
+    key = key or runtime_bwd_key(p, b, sk)
     pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim)
     cfg = BwdTileConfig(*key.tile)
     dout, out = _tma_ready(dout), _tma_ready(out)
@@ -170,8 +196,9 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     lse_log2, dsum = torch.empty((b, h, sq_pad), **f32), torch.empty((b, h, sq_pad), **f32)
     dq_acc = torch.empty((b, sq, h, d), **f32)
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
-    dk_h = torch.empty((b, sk, h, d), dtype=q.dtype, device=q.device)
-    dv_h = torch.empty((b, sk, h, dv_dim), dtype=q.dtype, device=q.device)
+    h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
+    dk_h = torch.empty((b, sk, h_dkv, d), dtype=q.dtype, device=q.device)
+    dv_h = torch.empty((b, sk, h_dkv, dv_dim), dtype=q.dtype, device=q.device)
     # deterministic: one zeroed turn counter per (batch, head, query tile); otherwise the
     # kernel never reads it, so a tiny uninitialized tensor (no fill launch) stands in
     if p.deterministic:
@@ -230,7 +257,7 @@ def run_bwd_varlen(
     batch = cu_seqlens_q.shape[0] - 1
     if total_k == 0 or batch == 0 or total_q == 0 or p.seqlen_q == 0 or p.seqlen_k == 0:
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
-    key = key or bwd_key(p)
+    key = key or runtime_bwd_key(p, batch, p.seqlen_k)
     cfg = BwdTileConfig(*key.tile)
     tm = cfg.tile_m
     pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, tm)
@@ -242,8 +269,9 @@ def run_bwd_varlen(
     lse_log2, dsum = torch.empty((1, h, rows), **f32), torch.empty((1, h, rows), **f32)
     dq_acc = torch.empty((1, rows, h, d), **f32)
     dq = torch.empty((total_q, h, d), dtype=q.dtype, device=q.device)
-    dk_h = torch.empty((total_k, h, d), dtype=q.dtype, device=q.device)
-    dv_h = torch.empty((total_k, h, dv_dim), dtype=q.dtype, device=q.device)
+    h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
+    dk_h = torch.empty((total_k, h_dkv, d), dtype=q.dtype, device=q.device)
+    dv_h = torch.empty((total_k, h_dkv, dv_dim), dtype=q.dtype, device=q.device)
     if p.deterministic:
         sem = torch.zeros((1, h, rows // tm), dtype=torch.int32, device=q.device)
     else:

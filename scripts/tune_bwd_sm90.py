@@ -54,24 +54,39 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d256-1k": (16, 1024, 8, 256, False),
     "d256-1k-causal": (16, 1024, 8, 256, True),
     "d192-4k": (4, 4096, 10, 192, False),
+    # GQA (32 query heads over 8 KV heads, a 6th field) and MQA, for group_heads
+    "gqa-d128-16k-causal": (1, 16384, 32, 128, True, 8),
+    "gqa-d128-4k": (4, 4096, 32, 128, False, 8),
+    "gqa-d128-4k-causal": (4, 4096, 32, 128, True, 8),
+    "gqa-d128-2k-causal": (2, 2048, 32, 128, True, 8),
+    "gqa-d128-1k": (16, 1024, 32, 128, False, 8),
+    "gqa-d128-1k-b2": (2, 1024, 32, 128, False, 8),
+    "gqa-d128-1k-b1": (1, 1024, 32, 128, False, 8),
+    "gqa-d128-16k": (1, 16384, 32, 128, False, 8),
+    "mqa-d128-1k-b2": (2, 1024, 32, 128, False, 1),
+    "gqa-d64-4k": (4, 4096, 32, 64, False, 8),
+    "gqa-d256-4k": (4, 4096, 16, 256, False, 4),
+    "gqa-d64-4k-causal": (4, 4096, 32, 64, True, 8),
+    "gqa-d256-4k-causal": (4, 4096, 16, 256, True, 4),
+    "mqa-d128-4k-causal": (4, 4096, 32, 128, True, 1),
 }
 
 INNER = 3
 
 
-def parse_override(text: str) -> tuple[dict, bool]:
-    """`k=v,...` -> (BwdTileConfig overrides, deterministic); `deterministic=1` is not a tile
-    field but a key field."""
-    out, det = {}, False
+def parse_override(text: str) -> tuple[dict, bool, bool]:
+    """`k=v,...` -> (BwdTileConfig overrides, deterministic, group_heads); `deterministic=1`
+    and `group_heads=1` are not tile fields but key fields."""
+    out, det, group = {}, False, False
     for item in filter(None, text.split(",")):
         k, v = item.split("=")
-        if k == "deterministic":
-            det = v in ("1", "True")
+        if k in ("deterministic", "group_heads"):
+            det, group = (v in ("1", "True"), group) if k == "deterministic" else (det, v == "1")
             continue
         out[k] = {"True": True, "False": False}.get(v, None)
         if out[k] is None:
             out[k] = int(v)
-    return out, det
+    return out, det, group
 
 
 def problem(q, k, v, causal, deterministic=False):
@@ -81,8 +96,8 @@ def problem(q, k, v, causal, deterministic=False):
     )  # fmt: skip
 
 
-def variant_key(p, overrides: dict):
-    key = bwd_key(p)
+def variant_key(p, overrides: dict, group: bool = False):
+    key = bwd_key(p, group_heads=group)
     cfg = dataclasses.replace(BwdTileConfig(*key.tile), **overrides)
     return dataclasses.replace(key, tile=dataclasses.astuple(cfg)), cfg
 
@@ -102,15 +117,16 @@ def main():
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
     for shape in args.shapes.split(","):
-        b, s, h, d, causal = SHAPES[shape]
+        b, s, h, d, causal, hkv = (SHAPES[shape] + (None,))[:6]
+        hkv = hkv or h
         # the small check problem: odd lengths, every mask corner of the variant's code
-        small = [rnd(2, 333, h, d), rnd(2, 301, h, d), rnd(2, 301, h, d)]
+        small = [rnd(2, 333, h, d), rnd(2, 301, hkv, d), rnd(2, 301, hkv, d)]
         ref_o, ref_lse = attention_ref(*small, causal=causal)
         do_small = rnd(*ref_o.shape)
         ref_g = attention_ref_backward(
             *(t.float() for t in small), ref_o, ref_lse, do_small.float(), causal=causal
         )
-        big = [rnd(b, s, h, d) for _ in range(3)]
+        big = [rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d)]
         p_big = problem(*big, causal)
         o_big, lse_big = run_fwd(*big, p_big)
         do_big = rnd(*o_big.shape)
@@ -118,14 +134,14 @@ def main():
         live = []
         for name, ov in variants:
             try:
-                overrides, det = parse_override(ov)
+                overrides, det, group = parse_override(ov)
                 p_small = problem(*small, causal, det)
-                key, cfg = variant_key(p_small, overrides)
+                key, cfg = variant_key(p_small, overrides, group)
                 o_s, lse_s = run_fwd(*small, p_small)
                 g = run_bwd(*small, o_s, lse_s, do_small, p_small, key=key)
                 err = max((a.float() - r).abs().max().item() for a, r in zip(g, ref_g))
                 p = dataclasses.replace(p_big, deterministic=det)
-                key_big, _ = variant_key(p, overrides)
+                key_big, _ = variant_key(p, overrides, group)
                 for _ in range(2):
                     run_bwd(*big, o_big, lse_big, do_big, p, key=key_big)
                 live.append((name, cfg, det, p, key_big, err, []))

@@ -36,3 +36,22 @@ def _isolated_cache(tmp_path, monkeypatch):
 def seed():
     torch.manual_seed(0)
     return 0
+
+
+@pytest.fixture
+def grouped_heads(monkeypatch):
+    """Force the GQA backward's group_heads variant (a CTA per KV head walking its query
+    heads) whenever there is a group, whatever the grid size; yields the BwdKeys built, so a
+    test can check that the variant it meant ran."""
+    import cute_attn.bwd_sm90 as host
+
+    built = []
+    build = host.build_bwd
+
+    def spy(key):
+        built.append(key)
+        return build(key)
+
+    monkeypatch.setattr(host, "bwd_group_heads", lambda group, masked, ctas, sms: group > 1)
+    monkeypatch.setattr(host, "build_bwd", spy)
+    yield built

@@ -96,6 +96,45 @@ def test_bwd_wide_gqa_windows(d, dv, h, hkv, window, causal):
            window_size=window)  # fmt: skip
 
 
+# group_heads (a CTA per KV head walks its query heads, dK / dV summed in registers): the
+# tuning rule takes it for unmasked GQA grids of 3/4 of a wave or more; forced here on every
+# head-dim family, mask and group size
+GROUPED = [
+    ((64, 64), (6, 3), {}), ((64, 64), (6, 2), {"causal": True}),
+    ((96, 96), (6, 3), {"softcap": 5.0}),
+    ((128, 128), (6, 3), {}), ((128, 128), (6, 1), {"causal": True}),
+    ((128, 128), (6, 2), {"window_size": (64, 5)}), ((128, 128), (8, 2), {"softcap": 5.0}),
+    ((192, 128), (6, 3), {}), ((256, 256), (6, 2), {}), ((256, 256), (6, 1), {"causal": True}),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims,heads,kw", GROUPED)
+def test_bwd_group_heads(grouped_heads, dims, heads, kw):
+    _check(*_inputs(2, 300, 457, *heads, *dims, torch.bfloat16), **kw)
+    assert [key.group_heads for key in grouped_heads] == [True], grouped_heads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_group_heads_deterministic_bitwise(grouped_heads, causal):
+    q, k, v, dout = _inputs(2, 1024, 1024, 8, 2, 128, 128, torch.bfloat16)
+    kw = dict(causal=causal, deterministic=True)
+    _check(q, k, v, dout, **kw)
+    first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
+    for _ in range(5):
+        again = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
+        for a, b in zip(first, again):
+            assert torch.equal(a, b), "deterministic backward differs between runs"
+    assert {key.group_heads for key in grouped_heads} == {True}
+
+
+@pytest.mark.gpu
+def test_bwd_group_heads_lse_gradient(grouped_heads):
+    _check(*_inputs(2, 300, 457, 6, 2, 128, 128, torch.bfloat16), lse_grad=True)
+    assert [key.group_heads for key in grouped_heads] == [True]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])
@@ -113,8 +152,8 @@ def test_bwd_split_mask_loops_every_segment(monkeypatch, d, sq, sk, kw):
 
     table = host.bwd_key
 
-    def forced(p, arch=host.ARCH):
-        key = table(p, arch)
+    def forced(p, arch=host.ARCH, group_heads=False):
+        key = table(p, arch, group_heads)
         cfg = dataclasses.replace(BwdTileConfig(*key.tile), split_mask_loops=True)
         return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
 

@@ -112,6 +112,15 @@ def test_varlen_bwd_gqa_windows(h, hkv, window, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hkv,kw", [(2, {}), (1, {"causal": True}), (3, {"deterministic": True})])
+def test_varlen_bwd_group_heads(grouped_heads, d, hkv, kw):
+    # a CTA per KV head walking its query heads (forced; see conftest.grouped_heads)
+    _check(*LENGTHS["mixed"], h=6, hkv=hkv, d=d, dv=d, **kw)
+    assert [key.group_heads for key in grouped_heads] == [True], grouped_heads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_varlen_bwd_lse_gradient(d):
     # dlse enters D at each row's padded position (bwd_sm90.run_bwd_varlen)
     _check(*LENGTHS["mixed"], d=d, dv=d, lse_grad=True, causal=True)

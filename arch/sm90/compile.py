@@ -51,6 +51,8 @@ class BwdSpec(FwdSpec):
     config: BwdTileConfig
     deterministic: bool = False
     varlen: bool = False  # q packed by cu_seqlens_q, k / v by cu_seqlens_k
+    # GQA / MQA: a CTA per KV head walks its query heads; dK / dV come out per KV head
+    group_heads: bool = False
 
 
 def _fake_bshd(dtype, heads: int, dim: int, b, s):
@@ -137,19 +139,21 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     softmax_scale_log2, score_premul, softmax_scale, window_left, window_right, max_seqlen_k,
     cu_seqlens_q, cu_seqlens_k); lse_log2 and dsum are padded to a multiple of tile_m rows,
     dk / dv are per query head, sem is a zeroed (batch, heads, query tiles) int32 tensor (any
-    int32 (x, heads, y) tensor unless deterministic). spec.varlen: every tensor has a unit
+    int32 (x, heads, y) tensor unless deterministic); with spec.group_heads dk / dv have the
+    KV heads (the kernel sums over each KV head's query heads). spec.varlen: every tensor has a unit
     batch, the per-row buffers (lse_log2, dsum, dq_accum, sem) are padded per sequence
     (seqlen.padded_row_offset) and the cu_seqlens are int32 vectors; else they are None."""
     dtype = DTYPES[spec.dtype]
-    kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic, spec.varlen)
+    kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic, spec.varlen, spec.group_heads)
     h, d, dv = spec.num_heads, spec.head_dim, spec.head_dim_v
     b, sq, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int()
     q, k, v, sk = _fake_qkv(spec, b, sq)
     do = _fake_bshd(dtype, h, dv, b, sq)
     # packed: the accumulator has padded rows (sq_pad), not q's
     dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq_pad if spec.varlen else sq)
-    dk = _fake_bshd(dtype, h, d, b, sk)
-    dvt = _fake_bshd(dtype, h, dv, b, sk)
+    h_dkv = spec.num_heads_kv if spec.group_heads else h
+    dk = _fake_bshd(dtype, h_dkv, d, b, sk)
+    dvt = _fake_bshd(dtype, h_dkv, dv, b, sk)
     lse, dsum = _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad)
     sem = cute.runtime.make_fake_compact_tensor(
         cutlass.Int32, (cute.sym_int(), h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4

@@ -1,7 +1,7 @@
 """FlashAttention backward for Hopper (SM90) in the CuTe DSL: dQ, dK, dV from saved lse.
 
-One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the query tiles
-(tile_m rows) that can see any of those keys:
+One CTA owns one (tile_n keys, query head, batch) tile of K and V (group_heads: of a KV head,
+below) and walks the query tiles (tile_m rows) that can see any of those keys:
   * warpgroup 0 (registers lowered by setmaxnreg): warp 0 loads K and V once and then Q with
     lse and dO with D per query tile by TMA into two-stage mbarrier pipelines; warp 1 is the
     dQ writer: it adds each query tile's dQ partial (fp32, staged in smem) into the global
@@ -46,11 +46,15 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V and walks the 
     boundary (`seqlen.padded_row_offset`), so no tile-sized load or reduce-add reaches
     another sequence's rows; dK / dV are TMA-stored through a view that ends at each
     sequence's last key (`seqlen.ragged_rows`).
+  * GQA / MQA with `group_heads` (compile-time): the grid's head mode is the KV head and the
+    CTA walks that head's query heads in turn, each with its query tiles, on the same Q / dO
+    pipelines and dQ handoff; dK / dV keep accumulating in registers across the query heads
+    and are stored once, per KV head. Without it a CTA per query head writes dK / dV per query
+    head and the host sums them.
 
 Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
-dQ and sums dK/dV over the query heads of a KV head (GQA). This kernel writes dK/dV per query
-head.
+dQ and (without group_heads) sums dK/dV over the query heads of a KV head (GQA).
 
 Constraints: fp16/bf16; head dims from tile_config.BWD_HEAD_DIMS; (batch, seq, heads, dim)
 layout with contiguous last dim and 16-byte strides; lse_log2 and D are (batch, heads,
@@ -134,6 +138,7 @@ class FlashBwdSm90:
         config: BwdTileConfig,
         deterministic: bool = False,
         varlen: bool = False,
+        group_heads: bool = False,
     ):
         self.dtype = dtype
         self.deterministic = deterministic
@@ -144,6 +149,10 @@ class FlashBwdSm90:
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
         self.qhead_per_kvhead = qhead_per_kvhead
+        # GQA / MQA: a CTA per KV head that walks its query heads in turn, so dK / dV sum over
+        # them in registers and are stored once per KV head
+        self.group_heads = group_heads and qhead_per_kvhead > 1
+        self.heads_per_cta = qhead_per_kvhead if self.group_heads else 1
         self.has_left = has_left
         self.has_right = has_right
         self.has_softcap = has_softcap
@@ -196,8 +205,8 @@ class FlashBwdSm90:
         mLSE: cute.Tensor,  # (b, h, s_q padded) fp32, log2 domain, +inf on empty rows
         mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, rowsum(dO * O) - dlse
         mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, zeroed; receives dS K (unscaled)
-        mdK: cute.Tensor,  # (b, s_k, h, d): per query head
-        mdV: cute.Tensor,  # (b, s_k, h, dv): per query head
+        mdK: cute.Tensor,  # (b, s_k, h, d): per query head (group_heads: (b, s_k, h_kv, d))
+        mdV: cute.Tensor,  # (b, s_k, h, dv): per query head (group_heads: (b, s_k, h_kv, dv))
         mSem: cute.Tensor,  # (b, h, query tiles) int32, zeroed; read only when deterministic
         softmax_scale_log2: Float32,
         score_premul: Float32,
@@ -345,7 +354,8 @@ class FlashBwdSm90:
         if cutlass.const_expr(self.varlen):
             num_n_blocks = cute.ceil_div(max_seqlen_k, tn)
             num_batch = mCuSeqlensQ.shape[0] - 1
-        grid = (num_n_blocks, cute.size(mQ.shape[2]), num_batch)
+        # one CTA per key tile and query head, or per key tile and KV head (group_heads)
+        grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
         self.kernel(
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
@@ -522,21 +532,13 @@ class FlashBwdSm90:
         m_min: Int32,
         m_max: Int32,
     ):
-        head_kv = head // self.qhead_per_kvhead
+        head_kv = head * self.heads_per_cta // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
         qb, kvb = seq.q_batch, seq.kv_batch
         gK = cute.local_tile(seq.rows_k(mK[None, None, head_kv, kvb]), (tn, d), (n_block, 0))
         gV = cute.local_tile(seq.rows_k(mV[None, None, head_kv, kvb]), (tn, dv), (n_block, 0))
-        gQ = cute.local_tile(seq.rows_q(mQ[None, None, head, qb]), (tm, d), (None, 0))
-        gdO = cute.local_tile(seq.rows_q(mdO[None, None, head, qb]), (tm, dv), (None, 0))
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
-        tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
-        tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO, gdO)
-        gLSE = cute.local_tile(self._padded_rows(mLSE[None, head, qb], row_off), (tm,), (None,))
-        gDsum = cute.local_tile(self._padded_rows(mDsum[None, head, qb], row_off), (tm,), (None,))
-        tLsL, tLgL = tma_tiles(tma_atom_LSE, sLSE, gLSE, rank=1)
-        tDsD, tDgD = tma_tiles(tma_atom_Dsum, sDsum, gDsum, rank=1)
         if m_max > m_min:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_kv.producer_acquire(kv_state)
@@ -552,31 +554,48 @@ class FlashBwdSm90:
             # a state of its own even when the stage counts agree: the DSL carries each name
             # through the loop separately, so an alias of `state` would not advance with it
             state_do = pipeline.make_pipeline_state(producer, self.do_stages)
-            for m_block in cutlass.range(m_min, m_max, unroll=1):
-                pipe_q.producer_acquire(state)
-                q_bar = pipe_q.producer_get_barrier(state)
-                cute.copy(
-                    tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=q_bar
+            for g in cutlass.range(self.heads_per_cta, unroll=1):
+                head_q = head * self.heads_per_cta + g
+                gQ = cute.local_tile(seq.rows_q(mQ[None, None, head_q, qb]), (tm, d), (None, 0))
+                gdO = cute.local_tile(seq.rows_q(mdO[None, None, head_q, qb]), (tm, dv), (None, 0))
+                gLSE = cute.local_tile(
+                    self._padded_rows(mLSE[None, head_q, qb], row_off), (tm,), (None,)
                 )
-                cute.copy(
-                    tma_atom_LSE, tLgL[None, m_block], tLsL[None, state.index], tma_bar_ptr=q_bar
+                gDsum = cute.local_tile(
+                    self._padded_rows(mDsum[None, head_q, qb], row_off), (tm,), (None,)
                 )
-                pipe_do.producer_acquire(state_do)
-                do_bar = pipe_do.producer_get_barrier(state_do)
-                cute.copy(
-                    tma_atom_dO,
-                    tdOgdO[None, m_block],
-                    tdOsdO[None, state_do.index],
-                    tma_bar_ptr=do_bar,
-                )
-                cute.copy(
-                    tma_atom_Dsum,
-                    tDgD[None, m_block],
-                    tDsD[None, state_do.index],
-                    tma_bar_ptr=do_bar,
-                )
-                state.advance()
-                state_do.advance()
+                tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
+                tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO, gdO)
+                tLsL, tLgL = tma_tiles(tma_atom_LSE, sLSE, gLSE, rank=1)
+                tDsD, tDgD = tma_tiles(tma_atom_Dsum, sDsum, gDsum, rank=1)
+                for m_block in cutlass.range(m_min, m_max, unroll=1):
+                    pipe_q.producer_acquire(state)
+                    q_bar = pipe_q.producer_get_barrier(state)
+                    cute.copy(
+                        tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=q_bar
+                    )
+                    cute.copy(
+                        tma_atom_LSE,
+                        tLgL[None, m_block],
+                        tLsL[None, state.index],
+                        tma_bar_ptr=q_bar,
+                    )
+                    pipe_do.producer_acquire(state_do)
+                    do_bar = pipe_do.producer_get_barrier(state_do)
+                    cute.copy(
+                        tma_atom_dO,
+                        tdOgdO[None, m_block],
+                        tdOsdO[None, state_do.index],
+                        tma_bar_ptr=do_bar,
+                    )
+                    cute.copy(
+                        tma_atom_Dsum,
+                        tDgD[None, m_block],
+                        tDsD[None, state_do.index],
+                        tma_bar_ptr=do_bar,
+                    )
+                    state.advance()
+                    state_do.advance()
             pipe_q.producer_tail(state)
             pipe_do.producer_tail(state_do)
             pipe_kv.producer_tail(kv_state)
@@ -599,24 +618,50 @@ class FlashBwdSm90:
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
-        # one counter per query tile (packed: the padded rows' tiles)
-        sem_bh = self._padded_rows(mSem[None, head, seq.q_batch], row_off // self.tile_m)
         # (query tile, head-dim part) tiles: one part, or one per warpgroup (dq_half_staging)
         parts, threads = 1, roles.dq_sync_threads
         if cutlass.const_expr(self.dq_halves):
             parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
         step = roles.bar_dq_wg_step
-        gdQ = cute.local_tile(
-            self._padded_rows(mdQacc[None, None, head, seq.q_batch], row_off),
-            (self.tile_m, self.tile_d // parts),
-            (None, None),
-        )
-        tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
         # every buffer starts empty (one shared half buffer: for the first warpgroup)
         for buf in cutlass.range_constexpr(self.config.dq_stages):
             cute.arch.barrier_arrive(
                 barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
             )
+        for g in cutlass.range(self.heads_per_cta, unroll=1):
+            head_q = head * self.heads_per_cta + g
+            # one counter per query tile (packed: the padded rows' tiles)
+            sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
+            gdQ = cute.local_tile(
+                self._padded_rows(mdQacc[None, None, head_q, seq.q_batch], row_off),
+                (self.tile_m, self.tile_d // parts),
+                (None, None),
+            )
+            tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
+            self._dq_writer_head(
+                tma_atom_dQ, tdQsdQ, tdQgdQ, sem_bh, mask, n_block, m_min, m_max, lane
+            )
+
+    @cute.jit
+    def _dq_writer_head(
+        self,
+        tma_atom_dQ: cute.CopyAtom,
+        tdQsdQ: cute.Tensor,
+        tdQgdQ: cute.Tensor,
+        sem_bh: cute.Tensor,
+        mask: TileMask,
+        n_block: Int32,
+        m_min: Int32,
+        m_max: Int32,
+        lane: Int32,
+    ):
+        """The dQ writer's query tiles of one query head (no state carried between heads:
+        the named barriers hold it)."""
+        roles = self.roles
+        parts, threads = 1, roles.dq_sync_threads
+        if cutlass.const_expr(self.dq_halves):
+            parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
+        step = roles.bar_dq_wg_step
         for m_block in cutlass.range(m_min, m_max, unroll=1):
             for part in cutlass.range_constexpr(parts):
                 # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
@@ -763,83 +808,90 @@ class FlashBwdSm90:
                 segments = [(True, m_min, free_lo), (False, free_lo, free_hi)]
                 if cutlass.const_expr(mask.has_left):
                     segments.append((True, free_hi, m_max))
-            for seg in cutlass.range_constexpr(len(segments)):
-                test_mask, m_lo, m_hi = segments[seg]
-                for m_block in cutlass.range(m_lo, m_hi, unroll=1):
-                    stage, stage_do = state.index, state_do.index
-                    # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
-                    acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
-                    acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
-                    pipe_q.consumer_wait(state)
-                    gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
-                    # this thread's query columns of lse_log2 / D, read from smem where used
-                    # (loading lse into registers here, before the GEMMs, measured no faster:
-                    # tune_bwd_lse_dq2_h200.json)
-                    t_lse = self._query_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
-                    pipe_do.consumer_wait(state_do)
-                    gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do], True)
-                    warpgroup.wait_group(1)
-                    # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
-                    if cutlass.const_expr(self.has_softcap):
-                        apply_softcap(acc_s, score_premul)
-                    if cutlass.const_expr(test_mask):
-                        if mask.tile_needs_mask(m_block, n_block):
-                            mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
-                    t_dsum = self._query_cols(thr_sdp.partition_C(sDsum_st[None, None, stage_do]))
-                    r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
-                    r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
-                    r_ds.store(acc_dp.load().to(self.dtype))
-                    r_ds_st = thr_store_ds.retile(r_ds)
-                    cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, stage])
-                    if cutlass.const_expr(self.swap_dkv):
-                        # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
-                        cute.copy(
-                            store_ds_atom,
-                            thr_store_ds.retile(r_p),
-                            tPsP[None, None, None, stage_do],
+            # GQA with group_heads: the query heads of the KV head in turn, one pipeline
+            # run across them (dK / dV keep accumulating)
+            for _g in cutlass.range(self.heads_per_cta, unroll=1):
+                for seg in cutlass.range_constexpr(len(segments)):
+                    test_mask, m_lo, m_hi = segments[seg]
+                    for m_block in cutlass.range(m_lo, m_hi, unroll=1):
+                        stage, stage_do = state.index, state_do.index
+                        # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
+                        acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
+                        acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
+                        pipe_q.consumer_wait(state)
+                        gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
+                        # this thread's query columns of lse_log2 / D, read from smem where used
+                        # (loading lse into registers here, before the GEMMs, measured no faster:
+                        # tune_bwd_lse_dq2_h200.json)
+                        t_lse = self._query_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
+                        pipe_do.consumer_wait(state_do)
+                        gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do], True)
+                        warpgroup.wait_group(1)
+                        # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
+                        if cutlass.const_expr(self.has_softcap):
+                            apply_softcap(acc_s, score_premul)
+                        if cutlass.const_expr(test_mask):
+                            if mask.tile_needs_mask(m_block, n_block):
+                                mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
+                        t_dsum = self._query_cols(
+                            thr_sdp.partition_C(sDsum_st[None, None, stage_do])
                         )
-                    else:
-                        # ---- dV += P^T dO (overlaps the dS exchange below)
-                        gemm(
-                            tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
-                            tdVrdOt[None, None, None, stage_do], False,
-                        )  # fmt: skip
-                    # dS written by both warpgroups must be visible to the async proxy (wgmma)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(
-                        barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads
-                    )
-                    if cutlass.const_expr(self.swap_dkv):
-                        # ---- dV^T += dO^T P
-                        gemm(
-                            tiled_mma_dv, acc_dv, tdVrdOt[None, None, None, stage_do],
-                            tdVrP[None, None, None, stage_do], False,
-                        )  # fmt: skip
-                    # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
-                    acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
-                    gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
-                    if cutlass.const_expr(self.swap_dkv):
-                        gemm(
-                            tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],
-                            tdKrdS[None, None, None, stage], False,
-                        )  # fmt: skip
-                    else:
-                        # dS^T's registers, as dK's A operand
-                        gemm(
-                            tiled_mma_dk, acc_dk, acc_as_operand_a(r_ds),
-                            tdKrQt[None, None, None, stage], False,
-                        )  # fmt: skip
-                    warpgroup.wait_group(1)  # dV and dQ done
-                    pipe_do.consumer_release(state_do)
-                    # ---- hand the dQ partial to the writer warp
-                    cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
-                    tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=bar_dq_full, number_of_threads=dq_threads)
-                    warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
-                    pipe_q.consumer_release(state)
-                    state.advance()
-                    state_do.advance()
+                        r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
+                        r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
+                        r_ds.store(acc_dp.load().to(self.dtype))
+                        r_ds_st = thr_store_ds.retile(r_ds)
+                        cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, stage])
+                        if cutlass.const_expr(self.swap_dkv):
+                            # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
+                            cute.copy(
+                                store_ds_atom,
+                                thr_store_ds.retile(r_p),
+                                tPsP[None, None, None, stage_do],
+                            )
+                        else:
+                            # ---- dV += P^T dO (overlaps the dS exchange below)
+                            gemm(
+                                tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
+                                tdVrdOt[None, None, None, stage_do], False,
+                            )  # fmt: skip
+                        # dS written by both warpgroups must be visible to the async proxy (wgmma)
+                        cute.arch.fence_view_async_shared()
+                        cute.arch.barrier(
+                            barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads
+                        )
+                        if cutlass.const_expr(self.swap_dkv):
+                            # ---- dV^T += dO^T P
+                            gemm(
+                                tiled_mma_dv, acc_dv, tdVrdOt[None, None, None, stage_do],
+                                tdVrP[None, None, None, stage_do], False,
+                            )  # fmt: skip
+                        # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
+                        acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
+                        gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
+                        if cutlass.const_expr(self.swap_dkv):
+                            gemm(
+                                tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],
+                                tdKrdS[None, None, None, stage], False,
+                            )  # fmt: skip
+                        else:
+                            # dS^T's registers, as dK's A operand
+                            gemm(
+                                tiled_mma_dk, acc_dk, acc_as_operand_a(r_ds),
+                                tdKrQt[None, None, None, stage], False,
+                            )  # fmt: skip
+                        warpgroup.wait_group(1)  # dV and dQ done
+                        pipe_do.consumer_release(state_do)
+                        # ---- hand the dQ partial to the writer warp
+                        cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+                        tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
+                        cute.arch.fence_view_async_shared()
+                        cute.arch.barrier_arrive(
+                            barrier_id=bar_dq_full, number_of_threads=dq_threads
+                        )
+                        warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
+                        pipe_q.consumer_release(state)
+                        state.advance()
+                        state_do.advance()
             pipe_kv.consumer_release(kv_state)
         # balance the writer's last arrive on dq_empty (it also means the last reduce read
         # sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half

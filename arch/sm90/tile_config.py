@@ -461,6 +461,22 @@ class BwdTileConfig:
 BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
+def bwd_group_heads(qhead_per_kvhead: int, masked: bool, num_ctas: int, num_sms: int) -> bool:
+    """GQA / MQA backward: whether a CTA per KV head walks its query heads (dK / dV summed in
+    registers, stored once per KV head) instead of a CTA per query head whose dK / dV a torch
+    sum adds up afterwards. masked: causal or a window; num_ctas: the grouped grid (key tiles
+    x KV heads x batch).
+
+    Measured (tune_bwd_group_heads_h200.json, round-robin, bf16, ms, per query head + sum /
+    grouped). Unmasked, 32 / 8 heads at D=128: 16k 20.06 / 19.80, 4k x 4 5.05 / 4.90, 1k x 16
+    1.67 / 1.39, 1k x 2 (128 grouped CTAs) 0.233 / 0.183, but 1k x 1 (64 CTAs) 0.124 / 0.148;
+    D=64 4k 3.02 / 2.87, D=256 (16 / 4) 4k 7.14 / 6.99; MQA 1k x 2 (16 CTAs) 0.226 / 1.021.
+    Causal the longer CTAs lengthen the tail: 16k 9.30 / 10.04, 2k x 2 0.459 / 0.521 (4k x 4
+    2.91 / 2.87), MQA 4k 2.67 / 5.15. So: unmasked, and a grid of at least 3/4 of the SMs
+    (between the 64 CTAs that lost and the 128 that won on 132 SMs)."""
+    return qhead_per_kvhead > 1 and not masked and 4 * num_ctas >= 3 * num_sms
+
+
 def bwd_tile_config(
     head_dim: int,
     head_dim_v: int,
