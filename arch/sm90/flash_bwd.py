@@ -638,48 +638,24 @@ class FlashBwdSm90:
                 (None, None),
             )
             tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
-            self._dq_writer_head(
-                tma_atom_dQ, tdQsdQ, tdQgdQ, sem_bh, mask, n_block, m_min, m_max, lane
-            )
-
-    @cute.jit
-    def _dq_writer_head(
-        self,
-        tma_atom_dQ: cute.CopyAtom,
-        tdQsdQ: cute.Tensor,
-        tdQgdQ: cute.Tensor,
-        sem_bh: cute.Tensor,
-        mask: TileMask,
-        n_block: Int32,
-        m_min: Int32,
-        m_max: Int32,
-        lane: Int32,
-    ):
-        """The dQ writer's query tiles of one query head (no state carried between heads:
-        the named barriers hold it)."""
-        roles = self.roles
-        parts, threads = 1, roles.dq_sync_threads
-        if cutlass.const_expr(self.dq_halves):
-            parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
-        step = roles.bar_dq_wg_step
-        for m_block in cutlass.range(m_min, m_max, unroll=1):
-            for part in cutlass.range_constexpr(parts):
-                # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
-                # buffer or the shared one
-                buf = part if cutlass.const_expr(self.dq_wg_bufs) else 0
-                cute.arch.barrier(
-                    barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
-                )
-                self._dq_add(
-                    tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ[None, m_block, part], sem_bh, mask,
-                    n_block, m_block, lane, part == 0, part == parts - 1,
-                )  # fmt: skip
-                # the warpgroup's own buffer is free again; a shared half buffer goes to the
-                # next part's warpgroup (the first one's next tile)
-                free = part if cutlass.const_expr(self.dq_wg_bufs) else (part + 1) % parts
-                cute.arch.barrier_arrive(
-                    barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
-                )
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                for part in cutlass.range_constexpr(parts):
+                    # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
+                    # buffer or the shared one
+                    buf = part if cutlass.const_expr(self.dq_wg_bufs) else 0
+                    cute.arch.barrier(
+                        barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
+                    )
+                    self._dq_add(
+                        tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ[None, m_block, part], sem_bh, mask,
+                        n_block, m_block, lane, part == 0, part == parts - 1,
+                    )  # fmt: skip
+                    # the warpgroup's own buffer is free again; a shared half buffer goes to the
+                    # next part's warpgroup (the first one's next tile)
+                    free = part if cutlass.const_expr(self.dq_wg_bufs) else (part + 1) % parts
+                    cute.arch.barrier_arrive(
+                        barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
+                    )
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
