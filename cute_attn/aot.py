@@ -138,9 +138,10 @@ def _variant_problems(head_dims, dtypes, heads):
         (plain if kw.get("decode") else causal, label, kw) for label, kw in FWD_INPUTS
     ]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
-    # group_heads (GQA without a mask: the runtime takes it for grids of 3/4 of a wave or more)
+    # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections)
     bwd = [(f, "", {}) for f in BWD_FEATURES] + [
         (causal, "varlen", {"varlen": True}), (plain, "group_heads", {"group_heads": True}),
+        (causal, "group_heads", {"group_heads": True}),
     ]  # fmt: skip
     kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, fwd), ("sm90_bwd", BWD_HEAD_DIMS, bwd))
     for kind, table, variants in kinds:

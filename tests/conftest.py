@@ -52,6 +52,6 @@ def grouped_heads(monkeypatch):
         built.append(key)
         return build(key)
 
-    monkeypatch.setattr(host, "bwd_group_heads", lambda group, masked, ctas, sms: group > 1)
+    monkeypatch.setattr(host, "bwd_group_heads", lambda group, *_: group > 1)
     monkeypatch.setattr(host, "build_bwd", spy)
     yield built

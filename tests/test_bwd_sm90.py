@@ -135,6 +135,27 @@ def test_bwd_group_heads_lse_gradient(grouped_heads):
     assert [key.group_heads for key in grouped_heads] == [True]
 
 
+# L2 sections (the causal table's launch order): a budget of three (head, batch) pairs makes
+# sections of two and a last one of one, so every CTA's renamed (key tile, head, batch) and the
+# remainder section are checked against the reference; grouped too (pairs of KV heads)
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,heads", [(128, (3, 3)), (256, (3, 3)), (128, (6, 3)), (64, (6, 3))])
+def test_bwd_l2_sections_cover_every_tile(monkeypatch, grouped_heads, d, heads):
+    import cute_attn.arch.sm90.tile_config as tc
+    from cute_attn.bwd_sm90 import _bwd_key
+
+    sq = 457
+    monkeypatch.setattr(tc, "BWD_L2_SECTION_BYTES", 3 * sq * (8 * d + 8))
+    _bwd_key.cache_clear()
+    try:
+        _check(*_inputs(3, sq, 300, *heads, d, d, torch.bfloat16), causal=True)
+    finally:
+        _bwd_key.cache_clear()
+    (key,) = grouped_heads
+    assert key.group_heads == (heads[0] > heads[1]), key
+    assert tc.BwdTileConfig(*key.tile).l2_section_bytes == 3 * sq * (8 * d + 8), key
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])

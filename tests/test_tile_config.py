@@ -306,11 +306,41 @@ def test_bwd_row_threads():
 
 
 def test_bwd_group_heads_rule():
-    # unmasked GQA grids of at least 3/4 of a wave walk the KV head's query heads; masked ones
-    # and grids too small to fill the SMs keep a CTA per query head
-    assert bwd_group_heads(4, False, 128, 132)
-    assert bwd_group_heads(4, False, 1024, 132)
-    assert not bwd_group_heads(4, False, 64, 132)  # measured slower (0.148 vs 0.124 ms)
-    assert not bwd_group_heads(4, True, 1024, 132)  # causal / window: longer CTAs, worse tail
-    assert not bwd_group_heads(1, False, 1024, 132)  # no group
-    assert not bwd_group_heads(32, False, 16, 132)  # 16 CTAs where 512 would run
+    # GQA grids of at least 3/4 of a wave walk the KV head's query heads; under the causal mask
+    # only groups of up to 4 and with L2 sections (not deterministic, not packed); windows and
+    # grids too small to fill the SMs keep a CTA per query head
+    def rule(g, ctas, causal=False, local=False, det=False, varlen=False):
+        return bwd_group_heads(g, causal, local, det, varlen, ctas, 132)
+
+    assert rule(4, 128) and rule(4, 1024) and rule(32, 1024) and rule(4, 1024, det=True)
+    assert not rule(4, 64)  # measured slower (0.148 vs 0.124 ms)
+    assert not rule(1, 1024)  # no group
+    assert not rule(32, 16)  # 16 CTAs where 512 would run
+    assert rule(4, 1024, causal=True) and rule(2, 256, causal=True)
+    assert not rule(8, 512, causal=True)  # measured slower (3.368 vs 2.936 ms)
+    assert not rule(32, 256, causal=True)  # MQA: 8.91 vs 5.48 ms
+    assert not rule(4, 1024, causal=True, det=True)  # right to left, no sections
+    assert not rule(4, 1024, causal=True, varlen=True)  # no sections on packed grids
+    assert not rule(4, 1024, local=True) and not rule(4, 1024, causal=True, local=True)
+
+
+def test_bwd_l2_sections_where_measured():
+    # L2 sections under the causal mask at D >= 96 (+2..3% at 4k, equal at 1k and 16k), at D=64
+    # only for the grouped variant (-2.5% at 1k otherwise); never unmasked, windowed or in the
+    # deterministic order (which launches right to left)
+    from cute_attn.arch.sm90.tile_config import BWD_L2_SECTION_BYTES, bwd_tile_config
+
+    def sections(d, dv, causal, local=False, det=False, grouped=False):
+        return bwd_tile_config(d, dv, causal, local, False, det, grouped).l2_section_bytes
+
+    for d, dv in ((96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
+        assert sections(d, dv, True) == BWD_L2_SECTION_BYTES
+        assert sections(d, dv, False) == sections(d, dv, True, det=True) == 0
+        assert sections(d, dv, True, local=True) == sections(d, dv, False, local=True) == 0
+    assert sections(64, 64, True) == 0 and sections(64, 64, True, grouped=True) > 0
+    # the rest of the tile is the table's whatever the sections
+    for d in (64, 128, 256):
+        a, b = bwd_tile_config(d, d, True, False), bwd_tile_config(d, d, True, False, grouped=True)
+        assert dataclasses.replace(a, l2_section_bytes=0) == dataclasses.replace(
+            b, l2_section_bytes=0
+        )

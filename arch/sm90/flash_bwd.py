@@ -78,6 +78,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
+from ..common.schedule import l2_section_coords
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
@@ -168,6 +169,13 @@ class FlashBwdSm90:
             raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
+        # L2 sections reorder a dense grid only; the deterministic turns keep their order
+        if cfg.l2_section_bytes and self.deterministic:
+            raise ValueError("l2_section_bytes does not combine with the deterministic order")
+        self.l2_sections = cfg.l2_section_bytes > 0 and not self.varlen
+        # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator,
+        # lse and D of one query head (a group_heads CTA walks its query heads one at a time)
+        self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + 4 * self.head_dim + 8
         # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
         self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
         self.swap_dkv = cfg.dkv_swap_ab
@@ -444,6 +452,10 @@ class FlashBwdSm90:
         sDsum = storage.sDsum.get_tensor(sDsum_layout)
 
         n_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.l2_sections):
+            n_block, head, batch = l2_section_coords(
+                mQ.shape[0], self.l2_row_bytes, self.config.l2_section_bytes, reverse=False
+            )
         if cutlass.const_expr(self.deterministic and self.has_right):
             # right-to-left turns (see dq_writer) wait on higher key tiles: launch those first.
             # Warp-uniform, or ptxas keeps the value per thread and the consumers spill at D=64.

@@ -49,6 +49,7 @@ from ..common.convert import convert_pairs
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
+from ..common.schedule import l2_section_coords
 from ..common.seqlen import SeqInfo, ragged_rows
 from ..common.softmax import OnlineSoftmax
 from .primitives import (
@@ -379,7 +380,11 @@ class FlashFwdSm90:
         if cutlass.const_expr(feats.batch_order):
             batch = mBatchOrder[batch]
         if cutlass.const_expr(self.l2_sections):
-            m_block, head, batch = self._l2_section_coords(mK.shape[0])
+            # longest first across the heads of an L2 section (their K and V fit in L2)
+            kv_row_bytes = (self.head_dim + self.head_dim_v) * 2
+            m_block, head, batch = l2_section_coords(
+                mK.shape[0], kv_row_bytes, L2_BYTES_SM90, reverse=True
+            )
         elif cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
         capacity_k = mK.shape[0]  # keys per batch row of k / v; paged: per page
@@ -903,34 +908,6 @@ class FlashFwdSm90:
         cute.arch.barrier(
             barrier_id=self.roles.bar_epilogue, number_of_threads=self.roles.num_mma_threads
         )
-
-    @cute.jit
-    def _l2_section_coords(self, seqlen_k: Int32):
-        """(m_block, head, batch) of this CTA in LPT order within L2 sections: the grid's
-        (head, batch) pairs are cut into sections of as many heads as fit their K and V in L2
-        (a power of two), and inside a section the CTAs go query-tile-major, longest first
-        (every head's last query tile, then every head's second last, ...). Plain LPT
-        (`lpt_order` alone) reverses the query tiles of one head after another, so the
-        longest tiles of the last heads are dispatched near the end of the grid."""
-        bx, by, bz = cute.arch.block_idx()
-        num_m, num_h, num_b = cute.arch.grid_dim()
-        linear = bx + num_m * (by + num_h * bz)
-        head_bytes = cutlass.Int64(seqlen_k) * ((self.head_dim + self.head_dim_v) * 2)
-        fit = cutlass.Int64(L2_BYTES_SM90) // cutlass.max(head_bytes, cutlass.Int64(1))
-        width = Int32(1)
-        for _ in cutlass.range_constexpr(10):  # sections of up to 1024 heads
-            width = Int32(cutlass.select_(cutlass.Int64(width * 2) <= fit, width * 2, width))
-        num_hb = num_h * num_b
-        width = cutlass.min(width, num_hb)
-        section = linear // (width * num_m)
-        within = linear - section * width * num_m
-        full = num_hb // width
-        # the last section holds the remainder of the (head, batch) pairs
-        cur = Int32(cutlass.select_(section < full, width, num_hb - full * width))
-        m_rev = within // cur
-        hb = section * width + (within - m_rev * cur)
-        batch = hb // num_h
-        return num_m - 1 - m_rev, hb - batch * num_h, batch
 
     def _anchor_dep(self, acc_s: cute.Tensor, softmax: OnlineSoftmax) -> Float32:
         """What the pin_pv_wait anchor waits for: the first `pin_pv_anchor` probabilities of

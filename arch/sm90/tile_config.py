@@ -398,6 +398,11 @@ class BwdTileConfig:
     # whole-tile buffers without it were measured and removed: no faster at D=128
     # (tune_bwd_lse_dq2_h200.json)
     dq_stages: int = 1
+    # > 0: launch a dense grid in L2 sections (arch/common/schedule.py) of as many (head,
+    # batch) pairs as fit this many bytes of Q, dO, lse, D and the dQ accumulator, key tile
+    # 0 of every pair in a section first (under a causal mask the longest CTAs); 0: pair after
+    # pair, each pair's key tiles in order. Not with the deterministic order (right to left)
+    l2_section_bytes: int = 0
 
     def __post_init__(self):
         if self.dq_stages not in (1, 2):
@@ -459,22 +464,48 @@ class BwdTileConfig:
 # of smem. Head dims past 128 take dkv_swap_ab, whose dK^T / dV^T rows split over the two
 # warpgroups in 64-row wgmma tiles: 192 is padded to 256 for that.
 BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
+# the backward's L2 sections (bwd_tile_config) and the largest GQA group that a causal grid
+# runs grouped (bwd_group_heads)
+BWD_L2_SECTION_BYTES = 32 * 1024 * 1024
+BWD_GROUP_MAX_MASKED = 4
 
 
-def bwd_group_heads(qhead_per_kvhead: int, masked: bool, num_ctas: int, num_sms: int) -> bool:
+def bwd_group_heads(
+    qhead_per_kvhead: int,
+    causal: bool,
+    local: bool,
+    deterministic: bool,
+    varlen: bool,
+    num_ctas: int,
+    num_sms: int,
+) -> bool:
     """GQA / MQA backward: whether a CTA per KV head walks its query heads (dK / dV summed in
     registers, stored once per KV head) instead of a CTA per query head whose dK / dV a torch
-    sum adds up afterwards. masked: causal or a window; num_ctas: the grouped grid (key tiles
-    x KV heads x batch).
+    sum adds up afterwards. local: a window other than the causal corner; num_ctas: the
+    grouped grid (key tiles x KV heads x batch).
 
-    Measured (tune_bwd_group_heads_h200.json, round-robin, bf16, ms, per query head + sum /
-    grouped). Unmasked, 32 / 8 heads at D=128: 16k 20.06 / 19.80, 4k x 4 5.05 / 4.90, 1k x 16
-    1.67 / 1.39, 1k x 2 (128 grouped CTAs) 0.233 / 0.183, but 1k x 1 (64 CTAs) 0.124 / 0.148;
-    D=64 4k 3.02 / 2.87, D=256 (16 / 4) 4k 7.14 / 6.99; MQA 1k x 2 (16 CTAs) 0.226 / 1.021.
-    Causal the longer CTAs lengthen the tail: 16k 9.30 / 10.04, 2k x 2 0.459 / 0.521 (4k x 4
-    2.91 / 2.87), MQA 4k 2.67 / 5.15. So: unmasked, and a grid of at least 3/4 of the SMs
-    (between the 64 CTAs that lost and the 128 that won on 132 SMs)."""
-    return qhead_per_kvhead > 1 and not masked and 4 * num_ctas >= 3 * num_sms
+    Unmasked (tune_bwd_group_heads_h200.json, round-robin, bf16, ms, per query head + sum /
+    grouped), 32 / 8 heads at D=128: 16k 20.06 / 19.80, 4k x 4 5.05 / 4.90, 1k x 16 1.67 /
+    1.39, 1k x 2 (128 grouped CTAs) 0.233 / 0.183, but 1k x 1 (64 CTAs) 0.124 / 0.148; D=64 4k
+    3.02 / 2.87, D=256 (16 / 4) 4k 7.14 / 6.99; MQA 1k x 2 (16 CTAs) 0.226 / 1.021. So a grid
+    of at least 3/4 of the SMs (between the 64 CTAs that lost and the 128 that won on 132).
+
+    Causal: a grouped CTA of key tile 0 is G times the longest ungrouped one, and launched head
+    after head the last heads' longest CTAs start near the grid's end: 16k 9.30 / 10.04, 2k x
+    2 0.459 / 0.521, MQA 4k 2.67 / 5.15 (same file). With L2 sections (bwd_tile_config: key
+    tile 0 of a section's pairs first) it wins (tune_bwd_l2sec_*_h200.json, base / grouped
+    with sections, ms): 32 / 8 at D=128 4k x 4 2.977 / 2.643, 2k x 2 0.518 / 0.408 and 0.457
+    / 0.384, 1k x 4 0.315 / 0.263, 1k x 2 (128 CTAs) 0.182 / 0.173, 16k 10.49 / 9.95 (no
+    sections there: one pair's working set fills the budget); D=64 4k x 4 1.665 / 1.516; D=256
+    16 / 4 4k x 4 3.821 / 3.564. Larger groups lose: 64 / 8 at 4k x 2 2.936 / 3.368, 2k x 4
+    1.725 / 1.890; 32 / 2 at 4k x 4 2.816 / 4.202; MQA 4k x 8 5.48 / 8.91. So causal takes
+    groups of up to BWD_GROUP_MAX_MASKED. The deterministic order and packed sequences have no
+    sections, and windows were not measured: those stay per query head."""
+    if qhead_per_kvhead < 2 or local or 4 * num_ctas < 3 * num_sms:
+        return False
+    if causal:
+        return not (deterministic or varlen) and qhead_per_kvhead <= BWD_GROUP_MAX_MASKED
+    return True
 
 
 def bwd_tile_config(
@@ -484,8 +515,35 @@ def bwd_tile_config(
     local: bool,
     softcap: bool = False,
     deterministic: bool = False,
+    grouped: bool = False,
 ) -> BwdTileConfig:
-    """Backward tuning table; pure function of static problem features."""
+    """Backward tuning table; pure function of static problem features (grouped: the
+    group_heads variant, see bwd_group_heads)."""
+    cfg = _bwd_tiles(head_dim, head_dim_v, causal, local, softcap, deterministic)
+    # L2 sections under the causal mask (BwdTileConfig.l2_section_bytes; key tile 0 of every
+    # pair in a section first). Round-robin, ms, base / sections of 32 MiB
+    # (tune_bwd_l2sec_h200.json, tune_bwd_l2sec_b_h200.json): D=128 4k 1.451 / 1.415, 1k 0.530
+    # / 0.531, 16k 4.961 / 5.001 (one 16k pair fills 32 MiB: the same order); D=256 4k 1.867 /
+    # 1.805, 1k 0.649 / 0.636; D=64 4k 1.619 / 1.600 and 1.629 / 1.620, but 1k 0.598 / 0.613
+    # and 0.602 / 0.618: off at D=64 unless grouped (bwd_group_heads, where the grouped CTAs
+    # need the order). Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
+    # D=64 1k 0.700; every (head, batch) pair in one section (key tile major over the whole
+    # grid): D=128 4k 2.060 ms against 1.387, the Q / dO / dQ working set no longer fits L2
+    # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead.
+    if causal and not local and not deterministic and (head_dim > 64 or grouped):
+        cfg = dataclasses.replace(cfg, l2_section_bytes=BWD_L2_SECTION_BYTES)
+    return cfg
+
+
+def _bwd_tiles(
+    head_dim: int,
+    head_dim_v: int,
+    causal: bool,
+    local: bool,
+    softcap: bool,
+    deterministic: bool,
+) -> BwdTileConfig:
+    """The backward table's tile shape, stages and dQ staging."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
         raise ValueError(f"SM90 backward has no variant for head dims ({head_dim}, {head_dim_v})")
     # dq_swizzle (tune_bwd_dqsw_h200.json, round-robin, TFLOP/s, 32 / 128 bytes): D=128 16k
