@@ -46,6 +46,9 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     boundary (`seqlen.padded_row_offset`), so no tile-sized load or reduce-add reaches
     another sequence's rows; dK / dV are TMA-stored through a view that ends at each
     sequence's last key (`seqlen.ragged_rows`).
+  * launch order (BwdTileConfig.l2_section_bytes, the table's choice under a causal mask):
+    the (head, batch) pairs in L2 sections, key tile 0 of every pair of a section first
+    (arch/common/schedule.py); dense grids only, not with the deterministic order.
   * GQA / MQA with `group_heads` (compile-time): the grid's head mode is the KV head and the
     CTA walks that head's query heads in turn, each with its query tiles, on the same Q / dO
     pipelines and dQ handoff; dK / dV keep accumulating in registers across the query heads

@@ -526,7 +526,8 @@ def bwd_tile_config(
     # / 0.531, 16k 4.961 / 5.001 (one 16k pair fills 32 MiB: the same order); D=256 4k 1.867 /
     # 1.805, 1k 0.649 / 0.636; D=64 4k 1.619 / 1.600 and 1.629 / 1.620, but 1k 0.598 / 0.613
     # and 0.602 / 0.618: off at D=64 unless grouped (bwd_group_heads, where the grouped CTAs
-    # need the order). Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
+    # need the order). D=96 and 192 follow the tiles they run (128 / 256), not measured on
+    # their own. Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
     # D=64 1k 0.700; every (head, batch) pair in one section (key tile major over the whole
     # grid): D=128 4k 2.060 ms against 1.387, the Q / dO / dQ working set no longer fits L2
     # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead.
