@@ -131,14 +131,15 @@ def _sass(cubin: bytes) -> str:
 def _variant_problems(head_dims, dtypes, heads):
     """(name, kind, problem, inputs) for every forward and backward variant in the tuning
     tables; inputs is the forward's InputFeatures fields (empty: dense)."""
-    from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS
+    from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, bwd_group_heads
 
     plain, causal = FEATURES[0], FEATURES[1]
     fwd = [(f, "", {}) for f in FEATURES] + [
         (plain if kw.get("decode") else causal, label, kw) for label, kw in FWD_INPUTS
     ]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
-    # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections)
+    # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections;
+    # built where the rule can take it)
     bwd = [(f, "", {}) for f in BWD_FEATURES] + [
         (causal, "varlen", {"varlen": True}), (plain, "group_heads", {"group_heads": True}),
         (causal, "group_heads", {"group_heads": True}),
@@ -149,6 +150,11 @@ def _variant_problems(head_dims, dtypes, heads):
             if head_dims and d not in head_dims:
                 continue
             (label, causal, left, right, softcap, deterministic), in_label, inputs = variant
+            local = left >= 0 or (right >= 0 and not causal)
+            if inputs.get("group_heads") and not bwd_group_heads(
+                h // hkv, d, causal, local, deterministic, False, 1 << 30, 1
+            ):
+                continue
             name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}" + (f" {in_label}" * bool(in_label))
             yield name, kind, AttnProblem(
                 batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,

@@ -70,10 +70,8 @@ def _bwd_key(
     arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det, varlen,
     group_heads,
 ):  # fmt: skip
+    tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap, det))
     group_heads = group_heads and h > hkv
-    tile = dataclasses.astuple(
-        bwd_tile_config(d, dv, causal, local, has_softcap, det, grouped=group_heads)
-    )
     return BwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen,
         group_heads,
@@ -87,7 +85,14 @@ def runtime_bwd_key(p: AttnProblem, batch: int, seqlen_k: int) -> BwdKey:
     ctas = batch * p.num_heads_kv * -(-seqlen_k // tile_n)
     sms = _num_sms(p.device_index)
     group = bwd_group_heads(
-        p.qhead_per_kvhead, p.causal, p.is_local, p.deterministic, p.varlen, ctas, sms
+        p.qhead_per_kvhead,
+        p.head_dim,
+        p.causal,
+        p.is_local,
+        p.deterministic,
+        p.varlen,
+        ctas,
+        sms,
     )
     return bwd_key(p, group_heads=group)
 

@@ -309,8 +309,8 @@ def test_bwd_group_heads_rule():
     # GQA grids of at least 3/4 of a wave walk the KV head's query heads; under the causal mask
     # only groups of up to 4 and with L2 sections (not deterministic, not packed); windows and
     # grids too small to fill the SMs keep a CTA per query head
-    def rule(g, ctas, causal=False, local=False, det=False, varlen=False):
-        return bwd_group_heads(g, causal, local, det, varlen, ctas, 132)
+    def rule(g, ctas, causal=False, local=False, det=False, varlen=False, d=128):
+        return bwd_group_heads(g, d, causal, local, det, varlen, ctas, 132)
 
     assert rule(4, 128) and rule(4, 1024) and rule(32, 1024) and rule(4, 1024, det=True)
     assert not rule(4, 64)  # measured slower (0.148 vs 0.124 ms)
@@ -322,25 +322,21 @@ def test_bwd_group_heads_rule():
     assert not rule(4, 1024, causal=True, det=True)  # right to left, no sections
     assert not rule(4, 1024, causal=True, varlen=True)  # no sections on packed grids
     assert not rule(4, 1024, local=True) and not rule(4, 1024, causal=True, local=True)
+    assert rule(4, 1024, d=64) and rule(4, 1024, causal=True, d=96)
+    assert not rule(4, 1024, causal=True, d=64)  # that variant spills (32 B)
 
 
 def test_bwd_l2_sections_where_measured():
-    # L2 sections under the causal mask at D >= 96 (+2..3% at 4k, equal at 1k and 16k), at D=64
-    # only for the grouped variant (-2.5% at 1k otherwise); never unmasked, windowed or in the
-    # deterministic order (which launches right to left)
+    # L2 sections under the causal mask at D >= 96 (+2..3% at 4k, equal at 1k and 16k), not at
+    # D=64 (-2.5% at 1k); never unmasked, windowed or in the deterministic order (which
+    # launches right to left)
     from cute_attn.arch.sm90.tile_config import BWD_L2_SECTION_BYTES, bwd_tile_config
 
-    def sections(d, dv, causal, local=False, det=False, grouped=False):
-        return bwd_tile_config(d, dv, causal, local, False, det, grouped).l2_section_bytes
+    def sections(d, dv, causal, local=False, det=False):
+        return bwd_tile_config(d, dv, causal, local, False, det).l2_section_bytes
 
     for d, dv in ((96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
         assert sections(d, dv, True) == BWD_L2_SECTION_BYTES
         assert sections(d, dv, False) == sections(d, dv, True, det=True) == 0
         assert sections(d, dv, True, local=True) == sections(d, dv, False, local=True) == 0
-    assert sections(64, 64, True) == 0 and sections(64, 64, True, grouped=True) > 0
-    # the rest of the tile is the table's whatever the sections
-    for d in (64, 128, 256):
-        a, b = bwd_tile_config(d, d, True, False), bwd_tile_config(d, d, True, False, grouped=True)
-        assert dataclasses.replace(a, l2_section_bytes=0) == dataclasses.replace(
-            b, l2_section_bytes=0
-        )
+    assert sections(64, 64, True) == sections(64, 64, False) == 0

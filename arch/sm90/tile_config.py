@@ -472,6 +472,7 @@ BWD_GROUP_MAX_MASKED = 4
 
 def bwd_group_heads(
     qhead_per_kvhead: int,
+    head_dim: int,
     causal: bool,
     local: bool,
     deterministic: bool,
@@ -500,11 +501,18 @@ def bwd_group_heads(
     16 / 4 4k x 4 3.821 / 3.564. Larger groups lose: 64 / 8 at 4k x 2 2.936 / 3.368, 2k x 4
     1.725 / 1.890; 32 / 2 at 4k x 4 2.816 / 4.202; MQA 4k x 8 5.48 / 8.91. So causal takes
     groups of up to BWD_GROUP_MAX_MASKED. The deterministic order and packed sequences have no
-    sections, and windows were not measured: those stay per query head."""
+    sections, and windows were not measured: those stay per query head. So does D=64: its
+    causal grouped variant (128-row tiles, split mask loops, the head loop) makes ptxas spill
+    32 B, reloaded 16 times an iteration; it measured faster even so (above), but a table
+    variant must not spill (CI's compile check)."""
     if qhead_per_kvhead < 2 or local or 4 * num_ctas < 3 * num_sms:
         return False
     if causal:
-        return not (deterministic or varlen) and qhead_per_kvhead <= BWD_GROUP_MAX_MASKED
+        return (
+            not (deterministic or varlen)
+            and qhead_per_kvhead <= BWD_GROUP_MAX_MASKED
+            and head_dim > 64
+        )
     return True
 
 
@@ -515,23 +523,21 @@ def bwd_tile_config(
     local: bool,
     softcap: bool = False,
     deterministic: bool = False,
-    grouped: bool = False,
 ) -> BwdTileConfig:
-    """Backward tuning table; pure function of static problem features (grouped: the
-    group_heads variant, see bwd_group_heads)."""
+    """Backward tuning table; pure function of static problem features."""
     cfg = _bwd_tiles(head_dim, head_dim_v, causal, local, softcap, deterministic)
     # L2 sections under the causal mask (BwdTileConfig.l2_section_bytes; key tile 0 of every
     # pair in a section first). Round-robin, ms, base / sections of 32 MiB
     # (tune_bwd_l2sec_h200.json, tune_bwd_l2sec_b_h200.json): D=128 4k 1.451 / 1.415, 1k 0.530
     # / 0.531, 16k 4.961 / 5.001 (one 16k pair fills 32 MiB: the same order); D=256 4k 1.867 /
     # 1.805, 1k 0.649 / 0.636; D=64 4k 1.619 / 1.600 and 1.629 / 1.620, but 1k 0.598 / 0.613
-    # and 0.602 / 0.618: off at D=64 unless grouped (bwd_group_heads, where the grouped CTAs
-    # need the order). D=96 and 192 follow the tiles they run (128 / 256), not measured on
+    # and 0.602 / 0.618: off at D=64 (where causal GQA also stays per query head, see
+    # bwd_group_heads). D=96 and 192 follow the tiles they run (128 / 256), not measured on
     # their own. Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
     # D=64 1k 0.700; every (head, batch) pair in one section (key tile major over the whole
     # grid): D=128 4k 2.060 ms against 1.387, the Q / dO / dQ working set no longer fits L2
     # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead.
-    if causal and not local and not deterministic and (head_dim > 64 or grouped):
+    if causal and not local and not deterministic and head_dim > 64:
         cfg = dataclasses.replace(cfg, l2_section_bytes=BWD_L2_SECTION_BYTES)
     return cfg
 
