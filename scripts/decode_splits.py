@@ -29,6 +29,7 @@ import json
 import torch
 
 import cute_attn
+import cute_attn.api as api
 import cute_attn.fwd_sm90 as fwd_sm90
 from cute_attn.arch.sm90.compile import compile_split_combine
 from cute_attn.bench import capture_graph, environment, median_p95
@@ -63,6 +64,14 @@ def _graph_ms(fn, reps: int, inner: int = INNER) -> tuple[float, float]:
     return median_p95(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
 
 
+def _clear_memo():
+    """Drop the dense entry's memo: a memo hit reuses the launcher (and its plan: kernel and
+    combine) bound at the first call of that signature, so a swap that leaves it in place
+    measures the previous variant again. Before this, every variant after the first at one
+    split count ran the first one's kernels (docs/perf/README.md, fifteenth session)."""
+    api._dense_memo.clear()
+
+
 class _TableSwap:
     """Within the block, the tuning table's configs get `overrides` (compile caches cleared)."""
 
@@ -72,6 +81,7 @@ class _TableSwap:
     def _clear(self):
         fwd_sm90._fwd_key.cache_clear()
         fwd_sm90._plan.cache_clear()
+        _clear_memo()
 
     def __enter__(self):
         self.orig = fwd_sm90.fwd_tile_config
@@ -103,9 +113,11 @@ class _CombineSwap:
             return dataclasses.replace(plan, combine=self.combine)
 
         fwd_sm90._plan = patched
+        _clear_memo()
 
     def __exit__(self, *exc):
         fwd_sm90._plan = self.orig
+        _clear_memo()
 
 
 def _measure(results, name, tensors, label, splits, reps, combine=None, swap=None, inner=INNER):

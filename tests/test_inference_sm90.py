@@ -224,6 +224,37 @@ def test_dense_split_kv(mode, num_splits):
     assert_matches(out, lse, ref, ref_lse, same)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2, 7, 16, 17, 33, 70])
+@pytest.mark.parametrize("dv", [64, 128, 256])
+def test_split_combine_kernel(splits, dv):
+    """The combine kernel alone on random partials: split counts below, at and past one step
+    (16 / 8 splits by head_dim_v) and one 32-split chunk, splits that saw no key (lse -inf,
+    o 0) and a row no split saw (out 0, lse -inf)."""
+    from cute_attn.fwd_sm90 import ARCH, CombineKey, build_combine
+
+    g = _gen(splits * 1000 + dv)
+    b, sq, h = 3, 5, 6
+    o_part = torch.randn(splits, b, sq, h, dv, device="cuda", generator=g)
+    lse_part = 4 * torch.randn(splits, b, h, sq, device="cuda", generator=g)
+    empty = torch.rand(splits, b, h, sq, device="cuda", generator=g) < 0.3
+    empty[:, 1, 2, 3] = True  # no split saw this row
+    lse_part[empty] = float("-inf")
+    o_part.masked_fill_(empty.permute(0, 1, 3, 2).unsqueeze(-1), 0.0)
+    out = torch.full((b, sq, h, dv), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    build_combine(CombineKey(ARCH, "bfloat16", dv))(o_part, lse_part, out, lse)
+    ref_lse = torch.logsumexp(lse_part, dim=0)
+    w = torch.exp(lse_part - ref_lse).nan_to_num(0.0)  # (splits, b, h, sq); empty row: 0
+    ref = (w.permute(0, 1, 3, 2).unsqueeze(-1) * o_part).sum(0)
+    assert torch.equal(lse.isinf(), ref_lse.isinf())
+    finite = ~ref_lse.isinf()
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=1e-5, rtol=1e-5)
+    # the kernel sums in fp32 and rounds once to bf16
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+    assert torch.equal(out[1, 3, 2], torch.zeros_like(out[1, 3, 2]))
+
+
 # ------------------------------------------------------------------ KV cache
 
 
@@ -739,7 +770,7 @@ def test_compile_split_combine(tmp_path):
         if not r["sass"]:
             pytest.skip("nvdisasm not installed: cannot read SASS")
         # max and sum over the splits reduce by butterfly shuffles; the weights of one step's
-        # 8 splits are broadcast by index shuffles; the PDL launch waits on the split kernel
+        # splits (8 or 16) are broadcast by index shuffles; the PDL launch waits on the split kernel
         # (griddepcontrol.wait is ACQBULK in SASS); nothing spills
         assert r["shfl"] >= 10 and r["bcast"] >= 8 and r["pdl_wait"], r
         assert r["spills"] == 0, r

@@ -6,13 +6,15 @@ ranges is
     lse = log(sum_s exp(lse_s)),   out = sum_s exp(lse_s - lse) * o_s,
 and a row no split saw (lse = -inf everywhere) gets out = 0, lse = -inf.
 
-One warp per (batch, query row, head): lanes read the split lse values (lane s holds split s,
-then s + 32, ...), reduce max and sum by shuffles, and keep their split's weight
-exp(lse_s - lse) in a register. Each lane then accumulates head_dim_v / 32 columns (column
-c = 32 j + lane, so every load and store of the warp is one contiguous run), `split_unroll`
-splits per step with each weight broadcast by a shuffle: a step's loads depend neither on
-each other nor on the accumulator, so they are in flight together. (One split per step
-would serialize one L2 round trip per split.)
+One warp per (batch, query row, head). Lane s holds split s's lse (then s + 32, ...); max and
+sum are warp shuffles, and each lane keeps its split's weight exp(lse_s - lse) in a register.
+Each lane accumulates head_dim_v / 32 columns (column c = 32 j + lane, so every load and
+store of the warp is one contiguous run), `split_unroll` splits per step, each weight
+broadcast by a shuffle. The loads a step needs depend neither on each other nor on the lse
+values, so they are issued together, and the first step's are issued before the lse
+reductions: the whole combine of up to `split_unroll` splits waits on one L2 round trip.
+(The first kernel waited one per split, the second three: the lse read, once for the max,
+once for the sum and once for the weights, then the partials. docs/perf/README.md.)
 
 Launched with programmatic dependent launch (PDL): its CTAs may become resident while the
 split kernel still runs (that kernel's consumers signal `griddepcontrol.launch_dependents`
@@ -32,12 +34,21 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 NUM_THREADS = 128
 LOG2E = math.log2(math.e)
-# splits whose partial loads one step keeps in flight (head_dim_v / 32 loads each per lane)
-SPLIT_UNROLL = 8
+# Partial loads a lane keeps in flight per step: split_unroll * head_dim_v / 32 registers. 64
+# holds the 16 splits of the bench's B=1 decode row at D=128 in one step.
+STEP_REGISTERS = 64
+
+
+def default_split_unroll(head_dim_v: int) -> int:
+    """The largest power of two <= 16 whose step fits STEP_REGISTERS at head_dim_v."""
+    u = 16
+    while u > 1 and u * (head_dim_v // 32) > STEP_REGISTERS:
+        u //= 2
+    return u
 
 
 class SplitCombine:
@@ -45,13 +56,13 @@ class SplitCombine:
         self,
         dtype: type[cutlass.Numeric],
         head_dim_v: int,
-        split_unroll: int = SPLIT_UNROLL,
+        split_unroll: int | None = None,
         use_pdl: bool = True,
     ):
         self.dtype = dtype
         self.head_dim_v = head_dim_v
         # both knobs exist so scripts/decode_splits.py can measure what each buys
-        self.split_unroll = split_unroll
+        self.split_unroll = split_unroll or default_split_unroll(head_dim_v)
         self.use_pdl = use_pdl
         self._setup_attributes()
 
@@ -97,14 +108,24 @@ class SplitCombine:
             # nothing below may read a partial before the split kernel has finished
             cute.arch.griddepcontrol_wait()
         if batch < mO.shape[0]:  # warp-uniform
+            u, cpl, last = self.split_unroll, self.cols_per_lane, num_splits - 1
+            # Every load that needs no other load is issued first, together: lane s's lse_s
+            # (splits 0..31) and the first step's partials. The reductions below then wait on
+            # one L2 round trip, not on one per pass.
+            lse_chunk = -Float32.inf
+            if lane < num_splits:
+                lse_chunk = mLSEpart[lane, batch, head, pos]
+            buf = cute.make_rmem_tensor((u * cpl,), Float32)
+            self.load_step(mOpart, buf, 0, last, batch, pos, head, lane)
             # pass 1: the largest lse_s, then the sum of exp(lse_s - max), over the splits
-            m = -Float32.inf
-            for s in cutlass.range(lane, num_splits, 32, unroll=1):
+            # (past 32 splits the later chunks are read here and again below)
+            m = lse_chunk
+            for s in cutlass.range(lane + 32, num_splits, 32, unroll=1):
                 m = cute.arch.fmax(m, mLSEpart[s, batch, head, pos])
             m = cute.arch.warp_reduction_max(m)
             m_safe = cutlass.select_(m == -Float32.inf, Float32(0.0), m)
-            total = Float32(0.0)
-            for s in cutlass.range(lane, num_splits, 32, unroll=1):
+            total = cute.math.exp2((lse_chunk - m_safe) * LOG2E)
+            for s in cutlass.range(lane + 32, num_splits, 32, unroll=1):
                 total += cute.math.exp2((mLSEpart[s, batch, head, pos] - m_safe) * LOG2E)
             total = cute.arch.warp_reduction_sum(total)
             # lse = m + log(total); exp(-inf) = 0 weights every split of an empty row by 0
@@ -112,28 +133,48 @@ class SplitCombine:
             if total > Float32(0.0):
                 lse = m_safe + cute.math.log2(total) / LOG2E
             lse_safe = cutlass.select_(total > Float32(0.0), lse, Float32(0.0))
-            acc = cute.make_rmem_tensor((self.cols_per_lane,), Float32)
+            acc = cute.make_rmem_tensor((cpl,), Float32)
             acc.fill(0.0)
-            last = num_splits - 1
             for s32 in cutlass.range(0, num_splits, 32, unroll=1):
-                # lane i holds the weight of split s32 + i (0 past the last split)
-                w_lane = Float32(0.0)
-                if s32 + lane < num_splits:
-                    w_lane = cute.math.exp2(
-                        (mLSEpart[s32 + lane, batch, head, pos] - lse_safe) * LOG2E
-                    )
+                # lane i holds the weight of split s32 + i (0 past the last split: its lse
+                # is -inf)
+                w_lane = cute.math.exp2((lse_chunk - lse_safe) * LOG2E)
                 in_chunk = cutlass.min(32, num_splits - s32)
-                for step in cutlass.range(0, in_chunk, self.split_unroll, unroll=1):
-                    # a step past the last split re-reads it (in bounds) with weight 0
-                    for i in cutlass.range_constexpr(self.split_unroll):
+                for step in cutlass.range(0, in_chunk, u, unroll=1):
+                    # buf holds splits s32 + step .. + u - 1 (a split past the last one
+                    # re-reads the last, with weight 0)
+                    for i in cutlass.range_constexpr(u):
                         w = cute.arch.shuffle_sync(w_lane, step + i)
-                        s = cutlass.min(s32 + step + i, last)
-                        for j in cutlass.range_constexpr(self.cols_per_lane):
-                            acc[j] += w * mOpart[s, batch, pos, head, j * 32 + lane]
-            for j in cutlass.range_constexpr(self.cols_per_lane):
+                        for j in cutlass.range_constexpr(cpl):
+                            acc[j] += w * buf[i * cpl + j]
+                    if s32 + step + u < num_splits:  # warp-uniform: the next step's partials
+                        self.load_step(mOpart, buf, s32 + step + u, last, batch, pos, head, lane)
+                lse_chunk = -Float32.inf
+                if s32 + 32 + lane < num_splits:
+                    lse_chunk = mLSEpart[s32 + 32 + lane, batch, head, pos]
+            for j in cutlass.range_constexpr(cpl):
                 mO[batch, pos, head, j * 32 + lane] = acc[j].to(self.dtype)
             if lane == 0:
                 mLSE[batch, head, pos] = lse
+
+    @cute.jit
+    def load_step(
+        self,
+        mOpart: cute.Tensor,
+        buf: cute.Tensor,
+        first: Int32,
+        last: Int32,
+        batch: Int32,
+        pos: Int32,
+        head: Int32,
+        lane: Int32,
+    ):
+        """buf <- the partials of splits first .. first + split_unroll - 1 (clamped to the
+        last split) at this lane's columns: independent loads, all in flight together."""
+        for i in cutlass.range_constexpr(self.split_unroll):
+            s = cutlass.min(first + i, last)
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                buf[i * self.cols_per_lane + j] = mOpart[s, batch, pos, head, j * 32 + lane]
 
 
 __all__ = ["SplitCombine", "NUM_THREADS"]
