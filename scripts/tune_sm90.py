@@ -34,6 +34,8 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d128-1k-causal": (16, 1024, 1024, 16, 128, True, False),
     "d128-1k": (16, 1024, 1024, 16, 128, False, False),
     "d128-4k-causal": (4, 4096, 4096, 16, 128, True, False),
+    "d128-2k-causal": (8, 2048, 2048, 16, 128, True, False),
+    "d128-8k-causal": (2, 8192, 8192, 16, 128, True, False),
     "d96-16k": (1, 16384, 16384, 16, 96, False, False),  # 16 heads (2048 / 96 is no integer)
     "d96-4k": (4, 4096, 4096, 16, 96, False, False),
     "d96-4k-causal": (4, 4096, 4096, 16, 96, True, False),
@@ -51,6 +53,8 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d256-1k": (16, 1024, 1024, 8, 256, False, False),
     "d256-1k-causal": (16, 1024, 1024, 8, 256, True, False),
     "d64-1k-causal": (16, 1024, 1024, 32, 64, True, False),
+    "d64-2k-causal": (8, 2048, 2048, 32, 64, True, False),
+    "d64-8k-causal": (2, 8192, 8192, 32, 64, True, False),
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
     "decode-b64-8k": (64, 4, 8192, 8, 128, False, True),
     "decode-b128-2k": (128, 4, 2048, 8, 128, False, True),

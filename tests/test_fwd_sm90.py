@@ -181,6 +181,41 @@ def test_fwd_decode_wide_grid(monkeypatch):
     assert [FwdTileConfig(*key.tile).ctas_per_sm for key in keys] == [2, 2], keys
 
 
+# L2 sections (the causal table's launch order at D=128 and D > 128): at most max_pairs
+# (head, batch) pairs a section, so 9 pairs make sections of 2 (or 4) and a last one of 1,
+# and every CTA's renamed (query tile, head, batch) in both kinds of section is checked
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("max_pairs", [2, 4])
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (None, 40)}])
+def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
+    import dataclasses
+
+    from cute_attn import api, fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
+
+    def forced(*a, **k):
+        cfg = table(*a, **k)
+        return dataclasses.replace(cfg, lpt_l2_sections=True, l2_section_max_pairs=max_pairs)
+
+    monkeypatch.setattr(fwd_sm90, "fwd_tile_config", forced)
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    for clear in (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear,
+                  api._dense_memo.clear):  # fmt: skip
+        clear()
+    try:
+        _check(*attn_inputs(3, 457, 300, 3, 3, d, d, torch.bfloat16), **kw)
+    finally:
+        fwd_sm90._fwd_key.cache_clear()
+        fwd_sm90._plan.cache_clear()
+        api._dense_memo.clear()
+    (key,) = keys
+    cfg = FwdTileConfig(*key.tile)
+    assert cfg.lpt_l2_sections and cfg.l2_section_max_pairs == max_pairs, key
+
+
 @pytest.mark.gpu
 def test_fwd_grad_matches_reference():
     q, k, v = (t.requires_grad_() for t in attn_inputs(1, 64, 80, 2, 1, 64, 64, torch.float16))

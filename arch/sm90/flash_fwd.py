@@ -383,7 +383,11 @@ class FlashFwdSm90:
             # longest first across the heads of an L2 section (their K and V fit in L2)
             kv_row_bytes = (self.head_dim + self.head_dim_v) * 2
             m_block, head, batch = l2_section_coords(
-                mK.shape[0], kv_row_bytes, L2_BYTES_SM90, reverse=True
+                mK.shape[0],
+                kv_row_bytes,
+                L2_BYTES_SM90,
+                reverse=True,
+                max_pairs=self.config.l2_section_max_pairs,
             )
         elif cutlass.const_expr(self.config.lpt_order and self.has_right):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block

@@ -48,6 +48,8 @@ class FwdTileConfig:
     # with lpt_order on a dense causal/local grid: longest-first across the heads of an L2
     # section (as many heads as fit K/V in L2), not one head after another
     lpt_l2_sections: bool = False
+    # the most (head, batch) pairs an L2 section holds (a power of two <= 1024)
+    l2_section_max_pairs: int = 1024
     # compute every k-th exponential with FMA-pipe instructions (0 = all on the SFU)
     exp2_emu_every: int = 0
     # resident CTAs per SM (registers and smem split between them): 2 lets one CTA's prologue
@@ -82,6 +84,9 @@ class FwdTileConfig:
             raise ValueError("pin_pv_anchor is how pin_pv_wait holds the wait: needs pin_pv_wait")
         if self.row_max_form not in (0, 1, 2):
             raise ValueError(f"row_max_form {self.row_max_form} must be 0, 1 or 2")
+        m = self.l2_section_max_pairs
+        if not 1 <= m <= 1024 or m & (m - 1):
+            raise ValueError(f"l2_section_max_pairs {m} must be a power of two in [1, 1024]")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
@@ -262,7 +267,13 @@ def _dense_tile_config(
         # 570 / 535, 16k causal 643 / 612, 4k 611 / 605, 16k 636 / 632, 1k 499 / 492. It loses
         # at D=256 (-3..-6%), where it stays off. LPT over L2 sections of heads, base /
         # sections (tune_fwd_d128_causal_l2_h200.json): 4k causal 538 / 549, 1k causal 386 /
-        # 365, 16k causal 631 / 623: would need a length bucket for +2% at 4k; off.
+        # 365, 16k causal 631 / 623. With the section coordinates computed without divisions
+        # by 64-bit values (arch/common/schedule.py) and at most 8 pairs a section, base /
+        # sections of up to 1024 / 8 pairs (tune_fwd_l2fast_h200.json, causal, TFLOP/s):
+        # 1k 428 / 411 / 425, 2k 512 / 515 / 520, 4k 548 / 566 / 565, 8k 588 / 610 / 610,
+        # 16k 631 / 626 / 626. Before the cheaper coordinates (tune_fwd_l2cap_h200.json) the
+        # 8-pair sections gave 1k 383 vs 395: their division chain before the first load cost
+        # the short 1k CTAs ~2%. On, at 8 pairs. (D=96 shares this branch; not measured.)
         # pin_pv_wait with a 4-probability anchor (the P V wait after the row maxes and ~18
         # exponentials instead of before the first one; round-robin, TFLOP/s, base / anchor,
         # two runs, tune_fwd_anchor_k_h200.json and tune_fwd_anchor_k2_h200.json): 16k 636 /
@@ -275,7 +286,14 @@ def _dense_tile_config(
         # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_*_h200.json): 16k 665 / 662 / 653, 4k 638 /
         # 639 / 631, 4k causal 553 / 559 / 555, 16k causal 644 / 641 / 646, 1k 501 / 504 / 498:
         # form 1 within 1%, form 2 -1..-2% unmasked; form 0 kept.
-        return FwdTileConfig(tile_n=128, split_mask_loops=True, pin_pv_wait=True, pin_pv_anchor=4)
+        return FwdTileConfig(
+            tile_n=128,
+            split_mask_loops=True,
+            pin_pv_wait=True,
+            pin_pv_anchor=4,
+            lpt_l2_sections=True,
+            l2_section_max_pairs=8,
+        )
     # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
     # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
     # D=256 16k 722 / 675 / 696, 16k causal 691 / 667 / 688, 4k 666 / 627 / 646, 1k 592 / 565 /
