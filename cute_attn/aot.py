@@ -143,6 +143,7 @@ def _variant_problems(head_dims, dtypes, heads):
     bwd = [(f, "", {}) for f in BWD_FEATURES] + [
         (causal, "varlen", {"varlen": True}), (plain, "group_heads", {"group_heads": True}),
         (causal, "group_heads", {"group_heads": True}),
+        (causal, "varlen group_heads", {"varlen": True, "group_heads": True}),
     ]  # fmt: skip
     kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, fwd), ("sm90_bwd", BWD_HEAD_DIMS, bwd))
     for kind, table, variants in kinds:
@@ -152,7 +153,7 @@ def _variant_problems(head_dims, dtypes, heads):
             (label, causal, left, right, softcap, deterministic), in_label, inputs = variant
             local = left >= 0 or (right >= 0 and not causal)
             if inputs.get("group_heads") and not bwd_group_heads(
-                h // hkv, d, causal, local, deterministic, False, 1 << 30, 1
+                h // hkv, d, causal, local, deterministic, inputs.get("varlen", False), 1 << 30, 1
             ):
                 continue
             name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}" + (f" {in_label}" * bool(in_label))

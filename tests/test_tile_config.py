@@ -334,7 +334,7 @@ def test_bwd_group_heads_rule():
     assert not rule(8, 512, causal=True)  # measured slower (3.368 vs 2.936 ms)
     assert not rule(32, 256, causal=True)  # MQA: 8.91 vs 5.48 ms
     assert not rule(4, 1024, causal=True, det=True)  # right to left, no sections
-    assert not rule(4, 1024, causal=True, varlen=True)  # no sections on packed grids
+    assert rule(4, 1024, causal=True, varlen=True)  # packed grids have sections too
     assert not rule(4, 1024, local=True) and not rule(4, 1024, causal=True, local=True)
     assert rule(4, 1024, d=64) and rule(4, 1024, causal=True, d=96)
     assert not rule(4, 1024, causal=True, d=64)  # that variant spills (32 B)

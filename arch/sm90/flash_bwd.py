@@ -172,10 +172,10 @@ class FlashBwdSm90:
             raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
-        # L2 sections reorder a dense grid only; the deterministic turns keep their order
+        # the deterministic turns keep their order
         if cfg.l2_section_bytes and self.deterministic:
             raise ValueError("l2_section_bytes does not combine with the deterministic order")
-        self.l2_sections = cfg.l2_section_bytes > 0 and not self.varlen
+        self.l2_sections = cfg.l2_section_bytes > 0
         # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator,
         # lse and D of one query head (a group_heads CTA walks its query heads one at a time)
         self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + 4 * self.head_dim + 8
@@ -456,8 +456,13 @@ class FlashBwdSm90:
 
         n_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.l2_sections):
+            # a pair's query rows: the dense length, or for packed sequences the grid's key
+            # length (the longest sequence's), which overestimates the shorter pairs
+            rows = mQ.shape[0]
+            if cutlass.const_expr(self.varlen):
+                rows = cute.arch.grid_dim()[0] * self.tile_n
             n_block, head, batch = l2_section_coords(
-                mQ.shape[0], self.l2_row_bytes, self.config.l2_section_bytes, reverse=False
+                rows, self.l2_row_bytes, self.config.l2_section_bytes, reverse=False
             )
         if cutlass.const_expr(self.deterministic and self.has_right):
             # right-to-left turns (see dq_writer) wait on higher key tiles: launch those first.

@@ -518,19 +518,18 @@ def bwd_group_heads(
     sections there: one pair's working set fills the budget); D=64 4k x 4 1.665 / 1.516; D=256
     16 / 4 4k x 4 3.821 / 3.564. Larger groups lose: 64 / 8 at 4k x 2 2.936 / 3.368, 2k x 4
     1.725 / 1.890; 32 / 2 at 4k x 4 2.816 / 4.202; MQA 4k x 8 5.48 / 8.91. So causal takes
-    groups of up to BWD_GROUP_MAX_MASKED. The deterministic order and packed sequences have no
-    sections, and windows were not measured: those stay per query head. So does D=64: its
+    groups of up to BWD_GROUP_MAX_MASKED. Packed sequences have sections too (sized by the
+    longest sequence) and group the same way: the bench's 16-sequence causal 32 / 8 row at
+    D=128 (varlen_bwd_sections_group_h200.json, ms, in rounds: per query head 14.83, with
+    sections 14.77, grouped 13.91, grouped with sections 13.77). The deterministic order has
+    no sections, and windows were not measured: those stay per query head. So does D=64: its
     causal grouped variant (128-row tiles, split mask loops, the head loop) makes ptxas spill
     32 B, reloaded 16 times an iteration; it measured faster even so (above), but a table
     variant must not spill (CI's compile check)."""
     if qhead_per_kvhead < 2 or local or 4 * num_ctas < 3 * num_sms:
         return False
     if causal:
-        return (
-            not (deterministic or varlen)
-            and qhead_per_kvhead <= BWD_GROUP_MAX_MASKED
-            and head_dim > 64
-        )
+        return not deterministic and qhead_per_kvhead <= BWD_GROUP_MAX_MASKED and head_dim > 64
     return True
 
 
