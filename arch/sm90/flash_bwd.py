@@ -48,7 +48,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     sequence's last key (`seqlen.ragged_rows`).
   * launch order (BwdTileConfig.l2_section_bytes, the table's choice under a causal mask):
     the (head, batch) pairs in L2 sections, key tile 0 of every pair of a section first
-    (arch/common/schedule.py); dense grids only, not with the deterministic order.
+    (arch/common/schedule.py); on packed grids a pair's rows are the grid's key length (the
+    longest sequence); not with the deterministic order.
   * GQA / MQA with `group_heads` (compile-time): the grid's head mode is the KV head and the
     CTA walks that head's query heads in turn, each with its query tiles, on the same Q / dO
     pipelines and dQ handoff; dK / dV keep accumulating in registers across the query heads
