@@ -36,8 +36,8 @@ def l2_section_coords(
     linear = bx + num_blocks * (by + num_h * bz)
     # log2 of the section width: the largest i with 2^i pairs inside the budget. Compares of
     # constant multiples, no 64-bit division: this runs before the CTA's first load, and the
-    # division form (a u64 divide and four 32-bit ones) measured 3-8% slower on 1k causal
-    # forwards, whose CTAs are short (docs/perf/README.md, fifteenth session).
+    # division form (a u64 divide and four 32-bit ones) cost the short CTAs of 1k causal
+    # forwards about 2-3% (docs/perf/README.md, fifteenth session).
     pair_bytes = Int64(rows) * row_bytes
     lw = Int32(0)
     for i in cutlass.range_constexpr(1, max_pairs.bit_length()):

@@ -13,8 +13,8 @@ store of the warp is one contiguous run), `split_unroll` splits per step, each w
 broadcast by a shuffle. The loads a step needs depend neither on each other nor on the lse
 values, so they are issued together, and the first step's are issued before the lse
 reductions: the whole combine of up to `split_unroll` splits waits on one L2 round trip.
-(The first kernel waited one per split, the second three: the lse read, once for the max,
-once for the sum and once for the weights, then the partials. docs/perf/README.md.)
+(Before, lse was read three times in a chain, for the max, the sum and the weights, and the
+partials' loads waited for all three; docs/perf/README.md, fifteenth session.)
 
 Launched with programmatic dependent launch (PDL): its CTAs may become resident while the
 split kernel still runs (that kernel's consumers signal `griddepcontrol.launch_dependents`
