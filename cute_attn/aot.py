@@ -151,18 +151,20 @@ def _variant_problems(head_dims, dtypes, heads):
             if head_dims and d not in head_dims:
                 continue
             (label, causal, left, right, softcap, deterministic), in_label, inputs = variant
-            local = left >= 0 or (right >= 0 and not causal)
-            if inputs.get("group_heads") and not bwd_group_heads(
-                h // hkv, d, causal, local, deterministic, inputs.get("varlen", False), 1 << 30, 1
-            ):
-                continue
-            name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}" + (f" {in_label}" * bool(in_label))
-            yield name, kind, AttnProblem(
+            p = AttnProblem(
                 batch=1, seqlen_q=1, seqlen_k=1, num_heads=h, num_heads_kv=hkv, head_dim=d,
                 head_dim_v=dv, dtype=DTYPE_NAMES[dt], device_type="cuda", device_index=0,
                 softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
                 softcap=softcap, deterministic=deterministic,
-            ), inputs  # fmt: skip
+            )  # fmt: skip
+            # grouped variants only where the runtime rule can pick them (any grid size)
+            if inputs.get("group_heads") and not bwd_group_heads(
+                p.qhead_per_kvhead, d, causal, p.is_local, deterministic,
+                inputs.get("varlen", False), 1 << 30, 1,
+            ):  # fmt: skip
+                continue
+            name = f"{kind} d{d}x{dv} {dt} h{h}:{hkv} {label}" + (f" {in_label}" * bool(in_label))
+            yield name, kind, p, inputs
 
 
 def compile_variants(
