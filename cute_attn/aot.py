@@ -63,7 +63,13 @@ FWD_INPUTS = (
                                 "page_size": 256}),
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
+    # the persistent grid of dense unmasked forwards (tile_config.fwd_persistent; D <= 128),
+    # built without a mask for the SM count of an H100 SXM / H200 (132); "tall" too at D=64
+    ("persistent", {"persistent": True}),
+    ("tall persistent", {"tall": True, "persistent": True}),
 )  # fmt: skip
+# the SM count the AOT build of a persistent variant assumes (others JIT their own)
+AOT_NUM_SMS = 132
 # The small kernels around the attention ones, also JIT-compiled at a first call: the split-KV
 # combine per (dtype, head_dim_v), and the index-value check per set of index tensors the
 # varlen and KV-cache entries pass (validation: cu_seqlens_q always in varlen, cu_seqlens_k
@@ -131,11 +137,17 @@ def _sass(cubin: bytes) -> str:
 def _variant_problems(head_dims, dtypes, heads):
     """(name, kind, problem, inputs) for every forward and backward variant in the tuning
     tables; inputs is the forward's InputFeatures fields (empty: dense)."""
-    from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, bwd_group_heads
+    from .arch.sm90.tile_config import (
+        BWD_HEAD_DIMS,
+        SUPPORTED_HEAD_DIMS,
+        bwd_group_heads,
+        fwd_persistent,
+    )
 
     plain, causal = FEATURES[0], FEATURES[1]
     fwd = [(f, "", {}) for f in FEATURES] + [
-        (plain if kw.get("decode") else causal, label, kw) for label, kw in FWD_INPUTS
+        (plain if kw.get("decode") or kw.get("persistent") else causal, label, kw)
+        for label, kw in FWD_INPUTS
     ]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
     # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections;
@@ -157,6 +169,12 @@ def _variant_problems(head_dims, dtypes, heads):
                 softmax_scale=d**-0.5, causal=causal, window_left=left, window_right=right,
                 softcap=softcap, deterministic=deterministic,
             )  # fmt: skip
+            # persistent grids only where the runtime rule can pick them (any key length),
+            # the tall one only where it differs (D=64)
+            if inputs.get("persistent") and (
+                not fwd_persistent(d, 1) or (inputs.get("tall") and d > 64)
+            ):
+                continue
             # grouped variants only where the runtime rule can pick them (any grid size)
             if inputs.get("group_heads") and not bwd_group_heads(
                 p.qhead_per_kvhead, d, causal, p.is_local, deterministic,
@@ -186,9 +204,11 @@ def compile_variants(
         decode = inputs.pop("decode", False)
         tall = inputs.pop("tall", False)
         wide = inputs.pop("wide", False)
+        sms = AOT_NUM_SMS if inputs.pop("persistent", False) else 0
         if "page_size" in inputs:
             p = dataclasses.replace(p, paged=True, page_size=inputs.pop("page_size"))
-        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall, wide=wide)
+        return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall, wide=wide,
+                       persistent_sms=sms)  # fmt: skip
 
     def make_bwd_key(p, arch, inputs):
         p = dataclasses.replace(p, varlen=inputs.get("varlen", False))

@@ -37,6 +37,7 @@ from .arch.sm90.tile_config import (
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_num_splits,
+    fwd_persistent,
     fwd_tile_config,
     paged_tile_n,
 )
@@ -125,20 +126,24 @@ def fwd_key(
     decode: bool = False,
     tall: bool = False,
     wide: bool = False,
+    persistent_sms: int = 0,
 ) -> FwdKey:
     """`decode`: p is the packed decode view (query heads of a KV head as rows). With
     features.paged_kv the page size picks the key tile (tile_config.paged_tile_config).
     `tall`: the query length bucket of tile_config.fills_tall_tiles; `wide`: the decode grid
-    bucket of tile_config.fills_two_ctas_per_sm."""
+    bucket of tile_config.fills_two_ctas_per_sm; `persistent_sms`: the SM count when the
+    problem takes a persistent grid (tile_config.fwd_persistent), else 0."""
     page_size = p.page_size if features.paged_kv else 0
-    return _fwd_key(arch, *static_features(p), features, decode, page_size, tall, wide)
+    return _fwd_key(
+        arch, *static_features(p), features, decode, page_size, tall, wide, persistent_sms
+    )
 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_key(arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, feats,
-             decode, page_size, tall, wide=False):  # fmt: skip
+             decode, page_size, tall, wide=False, persistent_sms=0):  # fmt: skip
     # memoized: the tuning-table lookup and key construction stay off the per-call path
-    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall, wide)
+    cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall, wide, persistent_sms)
     tile = dataclasses.astuple(cfg)
     return FwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, tile,
@@ -362,12 +367,19 @@ def _plan(
         and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
+    # dense, unmasked and unsplit: a persistent grid where the table's bucket says so
+    persistent = (
+        feats == _DENSE and not (pack or kp.causal or kp.is_local)
+        and fwd_persistent(p.head_dim, seqlen_k)
+    )  # fmt: skip
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
     if splits > 1:
         combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
+    key = fwd_key(kp, features=feats, decode=pack, tall=tall, wide=wide,
+                  persistent_sms=num_sms if persistent else 0)  # fmt: skip
     return _Plan(
-        fn=build_fwd(fwd_key(kp, features=feats, decode=pack, tall=tall, wide=wide)),
+        fn=build_fwd(key),
         combine=combine,
         scalars=(scale_log2, premul, max(kp.window_left, 0), max(kp.window_right, 0), rows, splits),
         splits=splits,

@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from cute_attn.arch.sm90.tile_config import fills_tall_tiles, fwd_tile_config
+from cute_attn.arch.sm90.tile_config import fills_tall_tiles, fwd_persistent, fwd_tile_config
 from cute_attn.bench import visible_pairs
 from cute_attn.fwd_sm90 import FwdKey, build_fwd, softmax_scales
 from cute_attn.reference import attention_ref
@@ -36,6 +36,8 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d128-4k-causal": (4, 4096, 4096, 16, 128, True, False),
     "d128-2k-causal": (8, 2048, 2048, 16, 128, True, False),
     "d128-8k-causal": (2, 8192, 8192, 16, 128, True, False),
+    "d128-2k": (8, 2048, 2048, 16, 128, False, False),
+    "d128-8k": (2, 8192, 8192, 16, 128, False, False),
     "d96-16k": (1, 16384, 16384, 16, 96, False, False),  # 16 heads (2048 / 96 is no integer)
     "d96-4k": (4, 4096, 4096, 16, 96, False, False),
     "d96-4k-causal": (4, 4096, 4096, 16, 96, True, False),
@@ -55,6 +57,8 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d64-1k-causal": (16, 1024, 1024, 32, 64, True, False),
     "d64-2k-causal": (8, 2048, 2048, 32, 64, True, False),
     "d64-8k-causal": (2, 8192, 8192, 32, 64, True, False),
+    "d64-2k": (8, 2048, 2048, 32, 64, False, False),
+    "d64-8k": (2, 8192, 8192, 32, 64, False, False),
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
     "decode-b64-8k": (64, 4, 8192, 8, 128, False, True),
     "decode-b128-2k": (128, 4, 2048, 8, 128, False, True),
@@ -107,10 +111,14 @@ def main():
     rows = []
     for shape in args.shapes.split(","):
         b, sq, sk, h, d, causal, decode = SHAPES[shape]
-        # the variant the library runs for this shape (tall: the long-query bucket)
+        # the variant the library runs for this shape (tall: the long-query bucket; a
+        # persistent grid for unmasked dense rows where tile_config.fwd_persistent says so)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        persistent = not (causal or decode) and fwd_persistent(d, sk)
         base = fwd_tile_config(
-            d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq, causal)
-        )
+            d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq, causal),
+            persistent_sms=sms if persistent else 0,
+        )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 
         def rnd(*shape):

@@ -216,6 +216,46 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
     assert cfg.lpt_l2_sections and cfg.l2_section_max_pairs == max_pairs, key
 
 
+# Persistent grids (FwdTileConfig.persistent_ctas): CTA c walks the (query tile, head, batch)
+# tiles c, c + ctas, ... with its pipelines running on from tile to tile. 1 and 5 CTAs give
+# every CTA many tiles across heads and batches (odd lengths: a partial last query tile and key
+# tile), 132 one or two. The outputs start poisoned, so a tile left unwritten shows.
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,sq", [(64, 457), (64, 2200), (96, 300), (128, 457)])
+@pytest.mark.parametrize("ctas", [1, 5, 132])
+@pytest.mark.parametrize("softcap", [0.0, 9.0])
+def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, softcap):
+    import dataclasses
+
+    from cute_attn import api, fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
+    monkeypatch.setattr(
+        fwd_sm90,
+        "fwd_tile_config",
+        lambda *a, **k: dataclasses.replace(table(*a, **k), persistent_ctas=ctas),
+    )
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    for clear in (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear,
+                  api._dense_memo.clear):  # fmt: skip
+        clear()
+    q, k, v = attn_inputs(3, sq, 301, 6, 2, d, d, torch.bfloat16)
+    junk_o = torch.full((3, sq, 6, d), POISON, device="cuda", dtype=torch.bfloat16)
+    junk_l = torch.full((3, 6, sq), POISON, device="cuda", dtype=torch.float32)
+    ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
+    del junk_o, junk_l
+    try:
+        out, lse = _check(q, k, v, softcap=softcap)
+    finally:
+        fwd_sm90._fwd_key.cache_clear()
+        fwd_sm90._plan.cache_clear()
+        api._dense_memo.clear()
+    assert {out.data_ptr(), lse.data_ptr()} == ptrs, "poisoned blocks were not reused"
+    (key,) = keys
+    assert FwdTileConfig(*key.tile).persistent_ctas == ctas, key
+
+
 @pytest.mark.gpu
 def test_fwd_grad_matches_reference():
     q, k, v = (t.requires_grad_() for t in attn_inputs(1, 64, 80, 2, 1, 64, 64, torch.float16))
@@ -259,6 +299,8 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     grouped = [r for r in rows if r["name"].endswith(" group_heads")]
     assert len([r for r in grouped if "varlen" not in r["name"]]) == 11, rows
     assert len([r for r in grouped if "varlen" in r["name"]]) == 5, rows
+    # persistent grids of dense unmasked forwards: D = 64 (both row buckets), 96 and 128
+    assert len([r for r in rows if r["name"].endswith(" persistent")]) == 4, rows
     for r in rows:
         assert r["ok"], r
         assert r["spills"] == 0, r

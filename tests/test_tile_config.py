@@ -194,6 +194,30 @@ def test_fwd_l2_sections_where_measured():
     assert not fwd_tile_config(64, 64, True, False).lpt_l2_sections
 
 
+def test_fwd_persistent_where_measured():
+    # persistent grids: dense unmasked forwards at D <= 128 (O's own smem buffer does not fit
+    # past it), at D=96 / 128 only up to 8k keys (16k lost 1-2%), a wave of CTAs (2 per SM for
+    # the two-CTA D=64 tile); never under a mask, for decode or a paged cache
+    from cute_attn.arch.sm90.tile_config import fwd_persistent
+
+    assert fwd_persistent(64, 1 << 20) and fwd_persistent(128, 8192)
+    assert not fwd_persistent(128, 8193) and not fwd_persistent(96, 16384)
+    assert not fwd_persistent(192, 1024) and not fwd_persistent(256, 1024)
+
+    def ctas(*a, **k):
+        return fwd_tile_config(*a, **k).persistent_ctas
+
+    assert ctas(128, 128, False, False, persistent_sms=132) == 132
+    assert ctas(64, 64, False, False, persistent_sms=132) == 264
+    assert ctas(64, 64, False, False, tall=True, persistent_sms=114) == 114
+    assert ctas(128, 128, False, False) == 0
+    for kw in ({"causal": True, "local": False}, {"causal": False, "local": True}):
+        assert ctas(128, 128, **kw, persistent_sms=132) == 0
+    assert ctas(128, 128, False, False, True, persistent_sms=132) == 0
+    assert ctas(128, 128, False, False, page_size=64, persistent_sms=132) == 0
+    assert ctas(256, 256, False, False, persistent_sms=132) == 0
+
+
 def test_bwd_split_mask_loops_where_measured():
     # on for the D=64 128-row tile under the causal mask (measured +2% at 4k / 16k causal;
     # unmasked it spills), off at D=128 (neutral) and for the D=64 64-row tile of windows and

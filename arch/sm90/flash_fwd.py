@@ -154,6 +154,11 @@ class FlashFwdSm90:
         self.l2_sections = (
             cfg.lpt_l2_sections and cfg.lpt_order and self.has_right and feats == InputFeatures()
         )
+        # a persistent grid (FwdTileConfig.persistent_ctas) walks tiles of equal work in a
+        # static stride: dense inputs without a mask
+        self.persistent = cfg.persistent_ctas > 0
+        if self.persistent and (feats != InputFeatures() or self.has_left or self.has_right):
+            raise ValueError("persistent_ctas takes dense inputs without a causal or window mask")
         # rescaling O before the next PV GEMM only hides under S(j+1) with the overlap
         self.rescale_before_pv = cfg.rescale_before_pv and cfg.intra_wg_overlap
         # pin_pv_wait holds the PV wait with the K release unless it has an anchor of its own
@@ -250,6 +255,9 @@ class FlashFwdSm90:
         self.tx_bytes_k = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
         self.tx_bytes_v = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
+        # persistent: O's own buffer (else O is staged in Q's; an empty member takes no smem)
+        o_elems = cute.cosize(sO_layout) if cutlass.const_expr(self.persistent) else 0
+
         @cute.struct
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
@@ -259,6 +267,7 @@ class FlashFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
         self.shared_storage = SharedStorage
 
@@ -267,6 +276,9 @@ class FlashFwdSm90:
         if cutlass.const_expr(feats.cu_seqlens_q):
             num_batch = mCuSeqlensQ.shape[0] - 1
         grid = (num_m_blocks, cute.size(mQ.shape[2]), num_batch * num_splits)
+        if cutlass.const_expr(self.persistent):
+            num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * num_batch
+            grid = (cutlass.min(num_tiles, self.config.persistent_ctas), 1, 1)
         self.kernel(
             tiled_mma_qk,
             tiled_mma_pv,
@@ -368,78 +380,98 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        # O is staged through the Q buffer once every consumer is done reading Q
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
-
-        # block coordinates; LPT: for causal/local the last query tiles see the most keys
-        m_block, head, batch = cute.arch.block_idx()
-        split = Int32(0)
-        if cutlass.const_expr(feats.split_kv):
-            split = batch % num_splits
-            batch = batch // num_splits
-        if cutlass.const_expr(feats.batch_order):
-            batch = mBatchOrder[batch]
-        if cutlass.const_expr(self.l2_sections):
-            # longest first across the heads of an L2 section (their K and V fit in L2)
-            kv_row_bytes = (self.head_dim + self.head_dim_v) * 2
-            m_block, head, batch = l2_section_coords(
-                mK.shape[0],
-                kv_row_bytes,
-                L2_BYTES_SM90,
-                reverse=True,
-                max_pairs=self.config.l2_section_max_pairs,
-            )
-        elif cutlass.const_expr(self.config.lpt_order and self.has_right):
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
-        capacity_k = mK.shape[0]  # keys per batch row of k / v; paged: per page
-        if cutlass.const_expr(feats.paged_kv):
-            capacity_k = mPageTable.shape[1] * mK.shape[0]
-        seq = SeqInfo.create(
-            feats, batch, mQ.shape[0], capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
-            mSeqUsedK, mKvBatchIdx,
-        )  # fmt: skip
-        mask = TileMask(
-            self.tile_m,
-            self.tile_n,
-            seq.seqlen_q,
-            seq.seqlen_k,
-            window_left,
-            window_right,
-            self.has_left,
-            self.has_right,
-        )
-        n_min, n_max = mask.n_block_range(m_block)
-        if cutlass.const_expr(feats.split_kv):
-            # contiguous, equal shares of this tile's key range; an empty share still writes
-            # its partial (out 0, lse -inf), which the combine weighs by exp(-inf) = 0
-            per_split = cute.ceil_div(cutlass.max(n_max - n_min, 0), num_splits)
-            n_min = n_min + split * per_split
-            n_max = cutlass.min(n_max, n_min + per_split)
-        # where this CTA's out / lse rows go: split partials are stacked along batch
-        out_batch = seq.q_batch + split * num_batch
-        if cutlass.const_expr(feats.cu_seqlens_q):
-            out_batch = split
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        # a packed batch's grid is sized by its longest sequence: tiles past this one's end
-        # have nothing to do (every role leaves together)
-        if m_block * self.tile_m < seq.seqlen_q:
+        if cutlass.const_expr(self.persistent):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
             wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
             if wg_idx == 0:
                 cute.arch.setmaxregister_decrease(roles.producer_regs)
                 if warp_idx == roles.load_warp:
-                    self.load(
+                    self.load_persistent(
                         tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                        pipe_q, pipe_k, pipe_v, seq, m_block, head, n_min, n_max, mPageTable,
+                        pipe_q, pipe_k, pipe_v, num_batch, window_left, window_right,
                     )  # fmt: skip
             else:
                 cute.arch.setmaxregister_increase(roles.mma_regs)
-                self.mma(
+                self.mma_persistent(
                     tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
-                    pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, out_batch, n_min, n_max,
+                    pipe_q, pipe_k, pipe_v, mK.shape[0], num_batch, window_left, window_right,
                     softmax_scale_log2, score_premul, anchor,
                 )  # fmt: skip
+        else:
+            # O is staged through the Q buffer once every consumer is done reading Q
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
+            # block coordinates; LPT: for causal/local the last query tiles see the most keys
+            m_block, head, batch = cute.arch.block_idx()
+            split = Int32(0)
+            if cutlass.const_expr(feats.split_kv):
+                split = batch % num_splits
+                batch = batch // num_splits
+            if cutlass.const_expr(feats.batch_order):
+                batch = mBatchOrder[batch]
+            if cutlass.const_expr(self.l2_sections):
+                # longest first across the heads of an L2 section (their K and V fit in L2)
+                kv_row_bytes = (self.head_dim + self.head_dim_v) * 2
+                m_block, head, batch = l2_section_coords(
+                    mK.shape[0],
+                    kv_row_bytes,
+                    L2_BYTES_SM90,
+                    reverse=True,
+                    max_pairs=self.config.l2_section_max_pairs,
+                )
+            elif cutlass.const_expr(self.config.lpt_order and self.has_right):
+                m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            capacity_k = mK.shape[0]  # keys per batch row of k / v; paged: per page
+            if cutlass.const_expr(feats.paged_kv):
+                capacity_k = mPageTable.shape[1] * mK.shape[0]
+            seq = SeqInfo.create(
+                feats, batch, mQ.shape[0], capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
+                mSeqUsedK, mKvBatchIdx,
+            )  # fmt: skip
+            mask = TileMask(
+                self.tile_m,
+                self.tile_n,
+                seq.seqlen_q,
+                seq.seqlen_k,
+                window_left,
+                window_right,
+                self.has_left,
+                self.has_right,
+            )
+            n_min, n_max = mask.n_block_range(m_block)
+            if cutlass.const_expr(feats.split_kv):
+                # contiguous, equal shares of this tile's key range; an empty share still writes
+                # its partial (out 0, lse -inf), which the combine weighs by exp(-inf) = 0
+                per_split = cute.ceil_div(cutlass.max(n_max - n_min, 0), num_splits)
+                n_min = n_min + split * per_split
+                n_max = cutlass.min(n_max, n_min + per_split)
+            # where this CTA's out / lse rows go: split partials are stacked along batch
+            out_batch = seq.q_batch + split * num_batch
+            if cutlass.const_expr(feats.cu_seqlens_q):
+                out_batch = split
+
+            pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+            # a packed batch's grid is sized by its longest sequence: tiles past this one's end
+            # have nothing to do (every role leaves together)
+            if m_block * self.tile_m < seq.seqlen_q:
+                wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+                if wg_idx == 0:
+                    cute.arch.setmaxregister_decrease(roles.producer_regs)
+                    if warp_idx == roles.load_warp:
+                        self.load(
+                            tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                            pipe_q, pipe_k, pipe_v, seq, m_block, head, n_min, n_max, mPageTable,
+                            *self._pipeline_states(pipeline.PipelineUserType.Producer),
+                        )  # fmt: skip
+                else:
+                    cute.arch.setmaxregister_increase(roles.mma_regs)
+                    self.mma(
+                        tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
+                        pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, out_batch, n_min, n_max,
+                        softmax_scale_log2, score_premul, anchor,
+                        *self._pipeline_states(pipeline.PipelineUserType.Consumer),
+                    )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
     @cute.jit
@@ -463,7 +495,11 @@ class FlashFwdSm90:
         n_min: Int32,
         n_max: Int32,
         mPageTable: cute.Tensor | None,
+        q_state: pipeline.PipelineState,
+        kv_state: pipeline.PipelineState,
     ):
+        """Q and the K / V tiles of one query tile. Returns the pipeline states after them (a
+        persistent CTA's next tile continues from there)."""
         head_kv = head // self.qhead_per_kvhead
         gQ = cute.local_tile(
             seq.rows_q(mQ[None, None, head, seq.q_batch]),
@@ -475,12 +511,10 @@ class FlashFwdSm90:
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, seq.kv_batch))
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, self._key_tiles(mV, seq, head_kv, seq.kv_batch))
         if n_max > n_min:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            kv_state = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Producer, self.num_stages
-            )
+            if cutlass.const_expr(self.persistent):
+                q_state.advance()
             # paged: `page` is the page-table entry of the tile being loaded (_load_tile)
             tiles_per_page, page = Int32(1), Int32(0)
             if cutlass.const_expr(paged):
@@ -508,10 +542,56 @@ class FlashFwdSm90:
                                 page_prev, kv)  # fmt: skip
             self._load_tile(tma_atom_V, mV, sV, tVsV, tVgV, pipe_v, kv_state, n_min, page, kv)
             kv_state.advance()
-            # wait for the last releases before exiting; producer_tail advances the state it
-            # is given, so each pipeline gets its own copy
-            pipe_k.producer_tail(kv_state.clone())
-            pipe_v.producer_tail(kv_state)
+            if cutlass.const_expr(not self.persistent):
+                self._producer_tail(pipe_k, pipe_v, kv_state)
+        return q_state, kv_state
+
+    @cute.jit
+    def load_persistent(
+        self,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        num_batch: Int32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        """The producer of a persistent CTA: `load` for each of its tiles in turn, the
+        pipelines running on from one tile to the next (the next tile's Q and first K / V
+        tiles land while the consumers still work on this one)."""
+        q_state, kv_state = self._pipeline_states(pipeline.PipelineUserType.Producer)
+        seqlen_q, num_heads = mQ.shape[0], mQ.shape[2]
+        num_tiles, first, stride = self._persistent_range(seqlen_q, num_heads, num_batch)
+        for tile in cutlass.range(first, num_tiles, stride, unroll=1):
+            m_block, head, seq, _, n_min, n_max = self._persistent_tile(
+                tile, seqlen_q, mK.shape[0], num_heads, window_left, window_right
+            )
+            q_state, kv_state = self.load(
+                tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipe_q, pipe_k,
+                pipe_v, seq, m_block, head, n_min, n_max, None, q_state, kv_state,
+            )  # fmt: skip
+        self._producer_tail(pipe_k, pipe_v, kv_state)
+
+    @cute.jit
+    def _producer_tail(
+        self,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        kv_state: pipeline.PipelineState,
+    ):
+        # wait for the last releases before exiting; producer_tail advances the state it is
+        # given, so each pipeline gets its own copy
+        pipe_k.producer_tail(kv_state.clone())
+        pipe_v.producer_tail(kv_state)
 
     @cute.jit
     def _load_tile(
@@ -576,7 +656,11 @@ class FlashFwdSm90:
         softmax_scale_log2: Float32,
         score_premul: Float32,
         anchor: cute.Pointer,
+        q_state: pipeline.PipelineState,
+        kv_state: pipeline.PipelineState,
     ):
+        """One query tile: the main loop, then the epilogue. Returns the pipeline states after
+        it (a persistent CTA's next tile continues from there)."""
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
         # consumer warpgroup 0 .. N-1; marked warp-uniform so the wgmma descriptors derived from
         # it live in uniform registers (else 16 R2UR moves per iteration sit before the HGMMAs)
@@ -618,11 +702,7 @@ class FlashFwdSm90:
                 )
 
         if n_max > n_min:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipe_q.consumer_wait(q_state)
-            kv_state = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, self.num_stages
-            )
             # ---- first key tile (rightmost): always masked, no PV yet
             n_block = n_max - 1
             pipe_k.consumer_wait(kv_state)
@@ -667,6 +747,11 @@ class FlashFwdSm90:
                     tScS, pending_scale, softmax, pipe_k, pipe_v, kv_state, v_state, mask, wg,
                     m_block, top, count, test_mask, score_premul, anchor,
                 )  # fmt: skip
+            if cutlass.const_expr(self.persistent):
+                # every S GEMM of this tile is done (waited for in the loop): the producer
+                # may load the next tile's Q while the last P V and the epilogue run
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
             # ---- last P V
             if cutlass.const_expr(self.rescale_before_pv):
                 softmax.rescale(acc_o, pending_scale)
@@ -694,6 +779,47 @@ class FlashFwdSm90:
             tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,
             out_batch,
         )  # fmt: skip
+        return q_state, kv_state
+
+    @cute.jit
+    def mma_persistent(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tma_atom_O: cute.CopyAtom,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sO: cute.Tensor,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        seqlen_k: Int32,
+        num_batch: Int32,
+        window_left: Int32,
+        window_right: Int32,
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+        anchor: cute.Pointer,
+    ):
+        """The consumers of a persistent CTA: `mma` for each of its tiles in the producer's
+        order; O's last TMA store must have read sO before the CTA exits."""
+        q_state, kv_state = self._pipeline_states(pipeline.PipelineUserType.Consumer)
+        seqlen_q, num_heads = mO.shape[0], mO.shape[2]
+        num_tiles, first, stride = self._persistent_range(seqlen_q, num_heads, num_batch)
+        for tile in cutlass.range(first, num_tiles, stride, unroll=1):
+            m_block, head, seq, mask, n_min, n_max = self._persistent_tile(
+                tile, seqlen_q, seqlen_k, num_heads, window_left, window_right
+            )
+            q_state, kv_state = self.mma(
+                tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO, pipe_q,
+                pipe_k, pipe_v, mask, seq, m_block, head, seq.q_batch, n_min, n_max,
+                softmax_scale_log2, score_premul, anchor, q_state, kv_state,
+            )  # fmt: skip
+        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.roles.store_warp:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _mma_tiles(
@@ -827,9 +953,16 @@ class FlashFwdSm90:
         (seq, dim) TMA coordinates), which clips rows past its seq extent: seqlen_q for dense
         inputs, the sequence's end for packed ones (`ragged_rows`)."""
         roles = self.roles
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
         r_o.store(acc_o.load().to(self.dtype))
-        # every consumer warpgroup must be done reading sQ before O overwrites it
+        if cutlass.const_expr(self.persistent):
+            # O's own buffer: the previous tile's store must have read it (that wait is
+            # deferred to here so the store overlaps this tile's main loop)
+            if warp_idx == roles.store_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        # every consumer warpgroup must be done reading sQ (persistent: the store warp done
+        # waiting) before O overwrites it
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         store_atom = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
@@ -839,13 +972,13 @@ class FlashFwdSm90:
         # generic-proxy smem writes must be visible to the TMA (async proxy) before the store
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.store_warp:
             gO = cute.local_tile(mO_head, (self.tile_m, self.head_dim_v), (m_block, 0))
             tOsO, tOgO = tma_tiles(tma_atom_O, sO, gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(not self.persistent):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _store_o_direct(
@@ -876,6 +1009,46 @@ class FlashFwdSm90:
                 cute.autovec_copy(tOrO[r, None], tOgO[r, None])
 
     # ------------------------------------------------------------------ helpers
+    def _pipeline_states(self, user: pipeline.PipelineUserType):
+        """Fresh (Q, K / V) pipeline states of one side."""
+        return (
+            pipeline.make_pipeline_state(user, 1),
+            pipeline.make_pipeline_state(user, self.num_stages),
+        )
+
+    @cute.jit
+    def _persistent_range(self, seqlen_q: Int32, num_heads: Int32, num_batch: Int32):
+        """(tile count, this CTA's first tile, stride) of a persistent grid."""
+        num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * num_heads * num_batch
+        return num_tiles, cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
+
+    @cute.jit
+    def _persistent_tile(
+        self,
+        tile: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        """(m_block, head, seq, mask, n_min, n_max) of tile `tile` of a persistent grid over
+        dense inputs: query tiles fastest, then heads, then batches (the CTAs running together
+        share a head's K and V)."""
+        num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
+        m_block = tile % num_m_blocks
+        rest = tile // num_m_blocks
+        head = rest % num_heads
+        seq = SeqInfo.create(
+            self.features, rest // num_heads, seqlen_q, seqlen_k, None, None, None, None, None
+        )
+        mask = TileMask(
+            self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, window_left, window_right,
+            self.has_left, self.has_right,
+        )  # fmt: skip
+        n_min, n_max = mask.n_block_range(m_block)
+        return m_block, head, seq, mask, n_min, n_max
+
     @cute.jit
     def _zero_v_tail(
         self,

@@ -62,6 +62,12 @@ class FwdTileConfig:
     # step a compare / NaN test / select), 1 one FMNMX per shuffle step, 2 four FMNMX chains
     # per row, every row's max before any row's exponentials (FA4's shape)
     row_max_form: int = 0
+    # 0: one CTA per (query tile, head, batch). n > 0: a persistent grid of at most n CTAs
+    # (the host passes the SM count times ctas_per_sm), CTA c taking tiles c, c + n, ...; the
+    # producer loads the next tile's Q and K / V while the consumers finish the current one,
+    # and O gets an smem buffer of its own so that its store overlaps the next tile. Dense
+    # inputs without a mask only: every tile is the same work, so the static stride balances
+    persistent_ctas: int = 0
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
@@ -87,6 +93,8 @@ class FwdTileConfig:
         m = self.l2_section_max_pairs
         if not 1 <= m <= 1024 or m & (m - 1):
             raise ValueError(f"l2_section_max_pairs {m} must be a power of two in [1, 1024]")
+        if self.persistent_ctas < 0:
+            raise ValueError("persistent_ctas must be >= 0")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
@@ -94,7 +102,9 @@ class FwdTileConfig:
         q = self.tile_m * head_dim * elem_bytes
         k = self.num_stages * self.tile_n * head_dim * elem_bytes
         v = self.num_stages * self.tile_n * head_dim_v * elem_bytes
-        return q + k + v + 1024  # barriers and alignment
+        # persistent: O's own buffer (else O is staged in Q's)
+        o = self.tile_m * head_dim_v * elem_bytes if self.persistent_ctas else 0
+        return q + k + v + o + 1024  # barriers and alignment
 
 
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
@@ -113,6 +123,26 @@ def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
 
+# the longest key length whose D=96 / 128 unmasked forward takes a persistent grid (fwd_persistent)
+PERSISTENT_MAX_KEYS = 8192
+
+
+def fwd_persistent(head_dim: int, seqlen_k: int) -> bool:
+    """Whether a dense forward without a causal or window mask (and not split) takes a
+    persistent grid (FwdTileConfig.persistent_ctas): the host's bucket, passed to
+    fwd_tile_config as the SM count. Round-robin, TFLOP/s, one CTA per tile / persistent
+    (tune_fwd_persistent_*_h200.json): D=128 1k 578 / 644, 2k 662 / 697, 4k 630 / 648, 8k 649 /
+    654, 16k 658 / 655 and 651 / 644; D=96 4k 539 / 547, 16k 569 / 556 and 572 / 561; D=64 1k
+    (the 64-row two-CTA tile, 264 CTAs) 405 / 432, 2k 444 / 472, 4k 492 / 507, 8k 524 / 534,
+    16k 532 / 534 and 532 / 537. A CTA's prologue (Q and the first K / V loads) and epilogue
+    cost about the same per tile whatever the key length, so the gain shrinks with it; at 16k
+    D=96 / 128 lose 1-2%, hence the key-length cap there (8k measured at D=128 only). Past
+    D=128, O's own smem buffer does not fit beside two K / V stages."""
+    if head_dim > 128:
+        return False
+    return head_dim <= 64 or seqlen_k <= PERSISTENT_MAX_KEYS
+
+
 def fwd_tile_config(
     head_dim: int,
     head_dim_v: int,
@@ -122,19 +152,24 @@ def fwd_tile_config(
     page_size: int = 0,
     tall: bool = False,
     wide: bool = False,
+    persistent_sms: int = 0,
 ) -> FwdTileConfig:
-    """The tuning table. Inputs are static problem features, plus two buckets; `decode`
+    """The tuning table. Inputs are static problem features, plus three buckets; `decode`
     is the packed decode layout (one query row, the query heads of a KV head as the tile's
     rows); `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so
     the key tile must lie inside one page (`paged_tile_config`); `tall`: a dense query length
     for which `fills_tall_tiles` holds; `wide`: an unsplit packed-decode grid for which
-    `fills_two_ctas_per_sm` holds (the host decides both; each picks between two compiled
-    variants, neither is a length in the key).
+    `fills_two_ctas_per_sm` holds; `persistent_sms` > 0: a dense unmasked, unsplit problem for
+    which `fwd_persistent` holds, on a device of that many SMs (the host decides all three;
+    each picks between two compiled variants, none is a length in the key).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
     cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall, wide)
+    if persistent_sms > 0 and not (causal or local or decode or page_size) and head_dim <= 128:
+        # a persistent grid of one wave: the SM count times the CTAs an SM holds
+        cfg = dataclasses.replace(cfg, persistent_ctas=persistent_sms * cfg.ctas_per_sm)
     if page_size > 0:
         paged = paged_tile_config(cfg, head_dim, head_dim_v, page_size)
         if paged is None:
