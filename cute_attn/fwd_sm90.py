@@ -367,11 +367,9 @@ def _plan(
         and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
-    # dense, unmasked and unsplit: a persistent grid where the table's bucket says so
-    persistent = (
-        feats == _DENSE and not (pack or kp.causal or kp.is_local)
-        and fwd_persistent(p.head_dim, seqlen_k)
-    )  # fmt: skip
+    # dense and unsplit in the bucket: the table gives unmasked, non-decode calls a
+    # persistent grid
+    persistent = feats == _DENSE and fwd_persistent(p.head_dim, seqlen_k)
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
     if splits > 1:

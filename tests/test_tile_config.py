@@ -112,6 +112,39 @@ def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
     fwd_sm90._plan.cache_clear()
 
 
+def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
+    # _plan: dense, unsplit and unmasked calls in tile_config.fwd_persistent's bucket get a
+    # persistent grid of one wave on this device (132 SMs; two CTAs an SM for the 64-row D=64
+    # tile); masked, split, packed and decode calls keep one CTA per tile
+    from cute_attn import fwd_sm90
+
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
+    fwd_sm90._plan.cache_clear()
+
+    def ctas(d, sq, sk, causal=False, splits=0, feats=None, b=4, h=16):
+        p = AttnProblem(
+            batch=b, seqlen_q=sq, seqlen_k=sk, num_heads=h, num_heads_kv=h, head_dim=d,
+            head_dim_v=d, dtype="bfloat16", device_type="cuda", device_index=0,
+            softmax_scale=0.1, causal=causal, window_left=-1, window_right=0 if causal else -1,
+            softcap=0.0, num_splits=splits,
+        )  # fmt: skip
+        plan = fwd_sm90._plan(p, feats or InputFeatures(), b, sq, sk, False, 0)
+        return FwdTileConfig(*plan.fn.tile).persistent_ctas
+
+    try:
+        assert ctas(128, 4096, 4096) == 132 and ctas(128, 8192, 8192) == 132
+        assert ctas(128, 16384, 16384) == 0 and ctas(96, 4096, 16384) == 0
+        assert ctas(64, 1024, 1024) == 264 and ctas(64, 16384, 16384) == 132  # the tall tile
+        assert ctas(256, 1024, 1024) == 0 and ctas(128, 4096, 4096, causal=True) == 0
+        assert ctas(128, 4096, 4096, splits=2) == 0  # split partials
+        assert ctas(128, 64, 8192, b=1, h=2) == 0  # a grid of 2 CTAs splits the keys
+        assert ctas(128, 4096, 4096, feats=InputFeatures(seqused_k=True)) == 0
+    finally:
+        fwd_sm90._plan.cache_clear()
+
+
 def test_tall_rows_only_for_dense_query_rows():
     dense, packed = InputFeatures(), InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
     assert tall_rows(PLAIN, dense, False, 4096)

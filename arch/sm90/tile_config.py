@@ -123,7 +123,9 @@ def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
 
-# the longest key length whose D=96 / 128 unmasked forward takes a persistent grid (fwd_persistent)
+# the largest head dim with a persistent forward variant (its O buffer fits smem), and the
+# longest key length whose D=96 / 128 unmasked forward takes one (fwd_persistent)
+PERSISTENT_MAX_HEAD_DIM = 128
 PERSISTENT_MAX_KEYS = 8192
 
 
@@ -138,7 +140,7 @@ def fwd_persistent(head_dim: int, seqlen_k: int) -> bool:
     cost about the same per tile whatever the key length, so the gain shrinks with it; at 16k
     D=96 / 128 lose 1-2%, hence the key-length cap there (8k measured at D=128 only). Past
     D=128, O's own smem buffer does not fit beside two K / V stages."""
-    if head_dim > 128:
+    if head_dim > PERSISTENT_MAX_HEAD_DIM:
         return False
     return head_dim <= 64 or seqlen_k <= PERSISTENT_MAX_KEYS
 
@@ -167,7 +169,8 @@ def fwd_tile_config(
     one process, 40 reps each) and docs/perf/README.md.
     """
     cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall, wide)
-    if persistent_sms > 0 and not (causal or local or decode or page_size) and head_dim <= 128:
+    masked_or_inference = causal or local or decode or page_size
+    if persistent_sms > 0 and not masked_or_inference and head_dim <= PERSISTENT_MAX_HEAD_DIM:
         # a persistent grid of one wave: the SM count times the CTAs an SM holds
         cfg = dataclasses.replace(cfg, persistent_ctas=persistent_sms * cfg.ctas_per_sm)
     if page_size > 0:
