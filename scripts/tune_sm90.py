@@ -111,13 +111,12 @@ def main():
     rows = []
     for shape in args.shapes.split(","):
         b, sq, sk, h, d, causal, decode = SHAPES[shape]
-        # the variant the library runs for this shape (tall: the long-query bucket; a
-        # persistent grid for unmasked dense rows where tile_config.fwd_persistent says so)
+        # the variant the library runs for this shape (tall: the long-query bucket; the
+        # persistent-grid bucket, which the table applies to unmasked dense rows only)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        persistent = not (causal or decode) and fwd_persistent(d, sk)
         base = fwd_tile_config(
             d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq, causal),
-            persistent_sms=sms if persistent else 0,
+            persistent_sms=sms if fwd_persistent(d, sk) else 0,
         )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 
