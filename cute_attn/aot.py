@@ -63,10 +63,12 @@ FWD_INPUTS = (
                                 "page_size": 256}),
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
-    # the persistent grid of dense unmasked forwards (tile_config.fwd_persistent; D <= 128),
-    # built without a mask for the SM count of an H100 SXM / H200 (132); "tall" too at D=64
+    # the persistent grid of dense forwards (tile_config.fwd_persistent; D <= 128), built for
+    # the SM count of an H100 SXM / H200 (132) without a mask ("tall" too at D=64) and under
+    # the causal one ("causal": built with the causal feature)
     ("persistent", {"persistent": True}),
     ("tall persistent", {"tall": True, "persistent": True}),
+    ("causal persistent", {"persistent": True, "causal": True}),
 )  # fmt: skip
 # the SM count the AOT build of a persistent variant assumes (others JIT their own)
 AOT_NUM_SMS = 132
@@ -146,7 +148,13 @@ def _variant_problems(head_dims, dtypes, heads):
 
     plain, causal = FEATURES[0], FEATURES[1]
     fwd = [(f, "", {}) for f in FEATURES] + [
-        (plain if kw.get("decode") or kw.get("persistent") else causal, label, kw)
+        (
+            plain
+            if kw.get("decode") or (kw.get("persistent") and not kw.get("causal"))
+            else causal,
+            label,
+            kw,
+        )
         for label, kw in FWD_INPUTS
     ]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
@@ -172,7 +180,8 @@ def _variant_problems(head_dims, dtypes, heads):
             # persistent grids only where the runtime rule can pick them (any key length),
             # the tall one only where it differs (D=64)
             if inputs.get("persistent") and (
-                not fwd_persistent(d, 1) or (inputs.get("tall") and d > 64)
+                not fwd_persistent(d, 1, inputs.get("causal", False))
+                or (inputs.get("tall") and d > 64)
             ):
                 continue
             # grouped variants only where the runtime rule can pick them (any grid size)
@@ -205,6 +214,7 @@ def compile_variants(
         tall = inputs.pop("tall", False)
         wide = inputs.pop("wide", False)
         sms = AOT_NUM_SMS if inputs.pop("persistent", False) else 0
+        inputs.pop("causal", None)  # which feature row it was built with: p says it
         if "page_size" in inputs:
             p = dataclasses.replace(p, paged=True, page_size=inputs.pop("page_size"))
         return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall, wide=wide,

@@ -367,9 +367,9 @@ def _plan(
         and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
-    # dense and unsplit in the bucket: the table gives unmasked, non-decode calls a
+    # dense and unsplit in the bucket: the table gives calls without a window and not decode a
     # persistent grid
-    persistent = feats == _DENSE and fwd_persistent(p.head_dim, seqlen_k)
+    persistent = feats == _DENSE and fwd_persistent(p.head_dim, seqlen_k, kp.causal)
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
     if splits > 1:

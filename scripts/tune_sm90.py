@@ -112,11 +112,11 @@ def main():
     for shape in args.shapes.split(","):
         b, sq, sk, h, d, causal, decode = SHAPES[shape]
         # the variant the library runs for this shape (tall: the long-query bucket; the
-        # persistent-grid bucket, which the table applies to unmasked dense rows only)
+        # persistent-grid bucket, which the table applies to dense rows without a window)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         base = fwd_tile_config(
             d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq, causal),
-            persistent_sms=sms if fwd_persistent(d, sk) else 0,
+            persistent_sms=sms if fwd_persistent(d, sk, causal) else 0,
         )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 

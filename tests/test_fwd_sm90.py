@@ -217,14 +217,21 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
 
 
 # Persistent grids (FwdTileConfig.persistent_ctas): CTA c walks the (query tile, head, batch)
-# tiles c, c + ctas, ... with its pipelines running on from tile to tile. 1 and 5 CTAs give
-# every CTA many tiles across heads and batches (odd lengths: a partial last query tile and key
-# tile), 132 one or two. The outputs start poisoned, so a tile left unwritten shows.
+# tiles c, c + ctas, ... (under a mask: passes of `ctas` tiles in alternating directions) with
+# its pipelines running on from tile to tile. 1 and 5 CTAs give every CTA many tiles across
+# heads and batches (odd lengths: a partial last query tile and key tile), 132 one or two.
+# Sq > Sk: under the causal mask the first query rows see no key, so whole tiles have no work
+# (out 0, lse -inf) between tiles that have. The outputs start poisoned, so a tile left
+# unwritten shows.
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,sq", [(64, 457), (64, 2200), (96, 300), (128, 457)])
 @pytest.mark.parametrize("ctas", [1, 5, 132])
-@pytest.mark.parametrize("softcap", [0.0, 9.0])
-def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, softcap):
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"softcap": 9.0}, {"causal": True}, {"window_size": (37, 11)}],
+    ids=["dense", "softcap", "causal", "window"],
+)
+def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, kw):
     import dataclasses
 
     from cute_attn import api, fwd_sm90
@@ -246,7 +253,7 @@ def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, softcap):
     ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
     del junk_o, junk_l
     try:
-        out, lse = _check(q, k, v, softcap=softcap)
+        out, lse = _check(q, k, v, **kw)
     finally:
         fwd_sm90._fwd_key.cache_clear()
         fwd_sm90._plan.cache_clear()
@@ -299,8 +306,11 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     grouped = [r for r in rows if r["name"].endswith(" group_heads")]
     assert len([r for r in grouped if "varlen" not in r["name"]]) == 11, rows
     assert len([r for r in grouped if "varlen" in r["name"]]) == 5, rows
-    # persistent grids of dense unmasked forwards: D = 64 (both row buckets), 96 and 128
-    assert len([r for r in rows if r["name"].endswith(" persistent")]) == 4, rows
+    # persistent grids of dense forwards: unmasked at D = 64 (both row buckets), 96 and 128;
+    # causal at D = 64, 96 and 128
+    persistent = [r for r in rows if r["name"].endswith(" persistent")]
+    assert len([r for r in persistent if "causal persistent" not in r["name"]]) == 4, rows
+    assert len([r for r in persistent if "causal persistent" in r["name"]]) == 3, rows
     for r in rows:
         assert r["ok"], r
         assert r["spills"] == 0, r

@@ -113,9 +113,9 @@ def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
 
 
 def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
-    # _plan: dense, unsplit and unmasked calls in tile_config.fwd_persistent's bucket get a
+    # _plan: dense, unsplit calls without a window in tile_config.fwd_persistent's bucket get a
     # persistent grid of one wave on this device (132 SMs; two CTAs an SM for the 64-row D=64
-    # tile); masked, split, packed and decode calls keep one CTA per tile
+    # tile); windowed, split, packed and decode calls keep one CTA per tile
     from cute_attn import fwd_sm90
 
     monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
@@ -137,7 +137,10 @@ def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
         assert ctas(128, 4096, 4096) == 132 and ctas(128, 8192, 8192) == 132
         assert ctas(128, 16384, 16384) == 0 and ctas(96, 4096, 16384) == 0
         assert ctas(64, 1024, 1024) == 264 and ctas(64, 16384, 16384) == 132  # the tall tile
-        assert ctas(256, 1024, 1024) == 0 and ctas(128, 4096, 4096, causal=True) == 0
+        assert ctas(256, 1024, 1024) == 0 and ctas(128, 4096, 4096, causal=True) == 132
+        assert ctas(128, 16384, 16384, causal=True) == 0 and ctas(96, 8192, 8192, causal=True)
+        assert ctas(64, 2048, 2048, causal=True) == 264 and ctas(64, 4096, 4096, causal=True) == 0
+        assert ctas(256, 1024, 1024, causal=True) == 0
         assert ctas(128, 4096, 4096, splits=2) == 0  # split partials
         assert ctas(128, 64, 8192, b=1, h=2) == 0  # a grid of 2 CTAs splits the keys
         assert ctas(128, 4096, 4096, feats=InputFeatures(seqused_k=True)) == 0
@@ -228,14 +231,18 @@ def test_fwd_l2_sections_where_measured():
 
 
 def test_fwd_persistent_where_measured():
-    # persistent grids: dense unmasked forwards at D <= 128 (O's own smem buffer does not fit
-    # past it), at D=96 / 128 only up to 8k keys (16k lost 1-2%), a wave of CTAs (2 per SM for
-    # the two-CTA D=64 tile); never under a mask, for decode or a paged cache
+    # persistent grids: dense forwards at D <= 128 (O's own smem buffer does not fit past it),
+    # at D=96 / 128 only up to 8k keys (16k lost 1-2%), at D=64 under a causal mask up to 2k
+    # (4k lost 0.6%), a wave of CTAs (2 per SM for the two-CTA D=64 tile); never under a
+    # window, for decode or a paged cache
     from cute_attn.arch.sm90.tile_config import fwd_persistent
 
     assert fwd_persistent(64, 1 << 20) and fwd_persistent(128, 8192)
     assert not fwd_persistent(128, 8193) and not fwd_persistent(96, 16384)
     assert not fwd_persistent(192, 1024) and not fwd_persistent(256, 1024)
+    assert fwd_persistent(128, 8192, causal=True) and not fwd_persistent(128, 8193, causal=True)
+    assert fwd_persistent(64, 2048, causal=True) and not fwd_persistent(64, 2049, causal=True)
+    assert not fwd_persistent(256, 1024, causal=True)
 
     def ctas(*a, **k):
         return fwd_tile_config(*a, **k).persistent_ctas
@@ -244,7 +251,8 @@ def test_fwd_persistent_where_measured():
     assert ctas(64, 64, False, False, persistent_sms=132) == 264
     assert ctas(64, 64, False, False, tall=True, persistent_sms=114) == 114
     assert ctas(128, 128, False, False) == 0
-    for kw in ({"causal": True, "local": False}, {"causal": False, "local": True}):
+    assert ctas(128, 128, True, False, persistent_sms=132) == 132
+    for kw in ({"causal": True, "local": True}, {"causal": False, "local": True}):
         assert ctas(128, 128, **kw, persistent_sms=132) == 0
     assert ctas(128, 128, False, False, True, persistent_sms=132) == 0
     assert ctas(128, 128, False, False, page_size=64, persistent_sms=132) == 0

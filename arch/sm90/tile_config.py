@@ -66,7 +66,8 @@ class FwdTileConfig:
     # (the host passes the SM count times ctas_per_sm), CTA c taking tiles c, c + n, ...; the
     # producer loads the next tile's Q and K / V while the consumers finish the current one,
     # and O gets an smem buffer of its own so that its store overlaps the next tile. Dense
-    # inputs without a mask only: every tile is the same work, so the static stride balances
+    # inputs only; under a causal / window mask CTA c takes pairs of query tiles whose key
+    # ranges are complementary (FlashFwdSm90._persistent_tile), so units are equal work
     persistent_ctas: int = 0
 
     def __post_init__(self):
@@ -124,25 +125,39 @@ def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
 
 
 # the largest head dim with a persistent forward variant (its O buffer fits smem), and the
-# longest key length whose D=96 / 128 unmasked forward takes one (fwd_persistent)
+# longest key lengths whose forwards take one (fwd_persistent): D=96 / 128 with or without a
+# causal mask, D=64 under a causal mask (D=64 without a mask: any length)
 PERSISTENT_MAX_HEAD_DIM = 128
 PERSISTENT_MAX_KEYS = 8192
+PERSISTENT_MAX_KEYS_D64_CAUSAL = 2048
 
 
-def fwd_persistent(head_dim: int, seqlen_k: int) -> bool:
-    """Whether a dense forward without a causal or window mask (and not split) takes a
-    persistent grid (FwdTileConfig.persistent_ctas): the host's bucket, passed to
-    fwd_tile_config as the SM count. Round-robin, TFLOP/s, one CTA per tile / persistent
+def fwd_persistent(head_dim: int, seqlen_k: int, causal: bool = False) -> bool:
+    """Whether a dense forward without a window (and not split) takes a persistent grid
+    (FwdTileConfig.persistent_ctas): the host's bucket, passed to fwd_tile_config as the SM
+    count. A CTA's prologue (Q and the first K / V loads) and epilogue cost about the same per
+    tile whatever the key length, so the gain shrinks as the keys grow.
+
+    Unmasked. Round-robin, TFLOP/s, one CTA per tile / persistent
     (tune_fwd_persistent_*_h200.json): D=128 1k 578 / 644, 2k 662 / 697, 4k 630 / 648, 8k 649 /
     654, 16k 658 / 655 and 651 / 644; D=96 4k 539 / 547, 16k 569 / 556 and 572 / 561; D=64 1k
     (the 64-row two-CTA tile, 264 CTAs) 405 / 432, 2k 444 / 472, 4k 492 / 507, 8k 524 / 534,
-    16k 532 / 534 and 532 / 537. A CTA's prologue (Q and the first K / V loads) and epilogue
-    cost about the same per tile whatever the key length, so the gain shrinks with it; at 16k
-    D=96 / 128 lose 1-2%, hence the key-length cap there (8k measured at D=128 only). Past
-    D=128, O's own smem buffer does not fit beside two K / V stages."""
+    16k 532 / 534 and 532 / 537. At 16k D=96 / 128 lose 1-2%, hence the key-length cap there
+    (8k measured at D=128 only).
+
+    Causal (units of two complementary query tiles, FlashFwdSm90._persistent_tile).
+    Round-robin, TFLOP/s, one CTA per tile / persistent (tune_fwd_pcausal2_*_h200.json): D=128
+    1k 425 / 493, 2k 501 / 553, 4k 560 / 587, 8k 610 / 616, 16k 642 / 634; D=96 4k 501 / 515;
+    D=64 (264 CTAs) 1k 318 / 345, 2k 383 / 393, 4k 432 / 429, 8k 455 / 444; D=64 16k (the
+    192-row tile, 132 CTAs) 508 / 493. The same 8k cap at D=96 / 128, 2k at D=64. Under a
+    window: not measured, not taken.
+
+    Past D=128, O's own smem buffer does not fit beside two K / V stages."""
     if head_dim > PERSISTENT_MAX_HEAD_DIM:
         return False
-    return head_dim <= 64 or seqlen_k <= PERSISTENT_MAX_KEYS
+    if head_dim <= 64:
+        return not causal or seqlen_k <= PERSISTENT_MAX_KEYS_D64_CAUSAL
+    return seqlen_k <= PERSISTENT_MAX_KEYS
 
 
 def fwd_tile_config(
@@ -161,16 +176,16 @@ def fwd_tile_config(
     rows); `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so
     the key tile must lie inside one page (`paged_tile_config`); `tall`: a dense query length
     for which `fills_tall_tiles` holds; `wide`: an unsplit packed-decode grid for which
-    `fills_two_ctas_per_sm` holds; `persistent_sms` > 0: a dense unmasked, unsplit problem for
-    which `fwd_persistent` holds, on a device of that many SMs (the host decides all three;
-    each picks between two compiled variants, none is a length in the key).
+    `fills_two_ctas_per_sm` holds; `persistent_sms` > 0: a dense, unsplit problem without a
+    window for which `fwd_persistent` holds, on a device of that many SMs (the host decides
+    all three; each picks between two compiled variants, none is a length in the key).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
     cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall, wide)
-    masked_or_inference = causal or local or decode or page_size
-    if persistent_sms > 0 and not masked_or_inference and head_dim <= PERSISTENT_MAX_HEAD_DIM:
+    window_or_inference = local or decode or page_size
+    if persistent_sms > 0 and not window_or_inference and head_dim <= PERSISTENT_MAX_HEAD_DIM:
         # a persistent grid of one wave: the SM count times the CTAs an SM holds
         cfg = dataclasses.replace(cfg, persistent_ctas=persistent_sms * cfg.ctas_per_sm)
     if page_size > 0:
