@@ -27,7 +27,7 @@ from cute_attn.bench import visible_pairs
 from cute_attn.fwd_sm90 import FwdKey, build_fwd, softmax_scales
 from cute_attn.reference import attention_ref
 
-SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
+SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[, window left])
     "d128-16k": (1, 16384, 16384, 16, 128, False, False),
     "d128-16k-causal": (1, 16384, 16384, 16, 128, True, False),
     "d128-4k": (4, 4096, 4096, 16, 128, False, False),
@@ -59,6 +59,13 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode)
     "d64-8k-causal": (2, 8192, 8192, 32, 64, True, False),
     "d64-2k": (8, 2048, 2048, 32, 64, False, False),
     "d64-8k": (2, 8192, 8192, 32, 64, False, False),
+    # sliding windows (left, 0): the local mask
+    "d128-4k-win1k": (4, 4096, 4096, 16, 128, False, False, 1024),
+    "d128-8k-win1k": (2, 8192, 8192, 16, 128, False, False, 1024),
+    "d128-16k-win4k": (1, 16384, 16384, 16, 128, False, False, 4096),
+    "d64-8k-win1k": (2, 8192, 8192, 32, 64, False, False, 1024),
+    "d128-16k-win1k": (1, 16384, 16384, 16, 128, False, False, 1024),
+    "d64-4k-win128": (4, 4096, 4096, 32, 64, False, False, 128),
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
     "decode-b64-8k": (64, 4, 8192, 8, 128, False, True),
     "decode-b128-2k": (128, 4, 2048, 8, 128, False, True),
@@ -86,18 +93,21 @@ def parse_override(text: str) -> dict:
     return out
 
 
-def run(fn_key, q, k, v, causal, scale, out=None, lse=None):
+def run(fn_key, q, k, v, window, scale, out=None, lse=None):
     fn = build_fwd(fn_key)
     if out is None:
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda", dtype=torch.float32)
     s_log2, premul = softmax_scales(scale, 0.0)
-    fn(q, k, v, out, lse, s_log2, premul, 0, 0, q.shape[1], 1, *[None] * 7)
+    left, right = (max(w, 0) for w in window)
+    fn(q, k, v, out, lse, s_log2, premul, left, right, q.shape[1], 1, *[None] * 7)
     return out, lse
 
 
-def key_for(d, h, causal, cfg):
-    return FwdKey("sm_90a", "bfloat16", d, d, h, h, False, causal, False, dataclasses.astuple(cfg))
+def key_for(d, h, window, cfg):
+    has_left, has_right = (w >= 0 for w in window)
+    cfg = dataclasses.astuple(cfg)
+    return FwdKey("sm_90a", "bfloat16", d, d, h, h, has_left, has_right, False, cfg)
 
 
 def main():
@@ -110,13 +120,20 @@ def main():
     variants = [v.split("=", 1) for v in (args.variant or ["base="])]
     rows = []
     for shape in args.shapes.split(","):
-        b, sq, sk, h, d, causal, decode = SHAPES[shape]
+        b, sq, sk, h, d, causal, decode, *left = SHAPES[shape]
+        left = left[0] if left else -1
+        local = left >= 0  # a sliding window (left, 0)
+        # (left, right), -1 for an open side; the small check takes a window of 100 keys (the
+        # window is a runtime value of the same kernel)
+        window = (left, 0 if causal or local else -1)
+        small_window = (min(left, 100), window[1])
+        ref_window = tuple(None if w < 0 else w for w in small_window)
         # the variant the library runs for this shape (tall: the long-query bucket; the
         # persistent-grid bucket, which the table applies to dense rows without a window)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         base = fwd_tile_config(
-            d, d, causal, False, decode, tall=not decode and fills_tall_tiles(sq, causal),
-            persistent_sms=sms if fwd_persistent(d, sk, causal) else 0,
+            d, d, causal, local, decode, tall=not decode and fills_tall_tiles(sq, causal or local),
+            persistent_sms=sms if fwd_persistent(d, sk, causal) and not local else 0,
         )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 
@@ -125,8 +142,14 @@ def main():
 
         sets = [[rnd(b, sq, h, d), rnd(b, sk, h, d), rnd(b, sk, h, d)] for _ in range(n_sets)]
         small = [rnd(2, sq if decode else 333, h, d), rnd(2, 333, h, d), rnd(2, 333, h, d)]
-        ref, _ = attention_ref(*small, causal=causal)
-        flops = 4 * b * h * d * visible_pairs(sq, sk, causal)
+        ref, _ = attention_ref(*small, causal=causal, window_size=ref_window)
+        flops = (
+            4
+            * b
+            * h
+            * d
+            * visible_pairs(sq, sk, causal, tuple(None if w < 0 else w for w in window))
+        )
         kv_bytes = 2 * b * sk * h * d * 2
         # compile and check every variant first, then time them round-robin so that clock
         # and thermal drift hit all variants alike (sequential blocks differed by ~7% for
@@ -135,11 +158,11 @@ def main():
         for name, ov in variants:
             try:
                 cfg = dataclasses.replace(base, **parse_override(ov))
-                key = key_for(d, h, causal, cfg)
-                o, _ = run(key, *small, causal, d**-0.5)
+                key = key_for(d, h, window, cfg)
+                o, _ = run(key, *small, small_window, d**-0.5)
                 err = (o.float() - ref).abs().max().item()
                 for i in range(3):
-                    run(key, *sets[i % n_sets], causal, d**-0.5)
+                    run(key, *sets[i % n_sets], window, d**-0.5)
                 live.append((name, cfg, key, err, []))
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
@@ -149,11 +172,11 @@ def main():
                 # INNER back-to-back launches per event pair: the host's launch cost overlaps
                 # the previous kernel instead of showing up as GPU idle time
                 st, en = torch.cuda.Event(True), torch.cuda.Event(True)
-                run(key, *sets[rep % n_sets], causal, d**-0.5, *outs[rep % n_sets])
+                run(key, *sets[rep % n_sets], window, d**-0.5, *outs[rep % n_sets])
                 st.record()
                 for i in range(INNER):
                     j = (rep + i) % n_sets
-                    run(key, *sets[j], causal, d**-0.5, *outs[j])
+                    run(key, *sets[j], window, d**-0.5, *outs[j])
                 en.record()
                 en.synchronize()
                 times.append(st.elapsed_time(en) / INNER)
