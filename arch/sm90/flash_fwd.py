@@ -1075,10 +1075,12 @@ class FlashFwdSm90:
         always valid). Under a mask unit u of a (head, batch) is two tiles, the last query
         tile but u (half 0) and tile u (half 1; not `valid` where it is the same tile, the
         middle one of an odd count): under a bottom-right causal mask their key tiles sum to
-        the same count for every u, so a static stride over units spreads equal work, where
-        over single tiles a CTA could draw the longest tile of every pass (-35% at 4k causal
-        D=128 in a first try that ordered tiles longest first in passes of alternating
-        direction, docs/perf/README.md)."""
+        the same count for every u (Sq <= Sk, up to a tile of rounding), so a static stride
+        over units spreads equal work, where over single tiles a CTA could draw the longest
+        tile of every pass (-35% at 4k causal D=128 in a first try that ordered tiles longest
+        first in passes of alternating direction, docs/perf/README.md). Under a window the
+        pairs are not equal work (-10% at 16k with a 4k window); the table does not take it
+        there."""
         num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
         per_pair = num_m_blocks
         if cutlass.const_expr(self.masked):
