@@ -8,6 +8,9 @@ events (median and p95 of --reps after warm-up, inputs rotated past L2).
     python scripts/tune_sm90.py --out tune.json \
         --variant base= --variant tn176=tile_n=176 --variant nopp=pingpong=False
 
+Window shapes (an eighth field, the left size) run the sliding-window mask (left, 0) in the
+table's local variant; the reference check on the small problem takes a window of 100 keys.
+
 Decode shapes run the packed-decode layout the library launches at Sq = 1 with 32 query heads
 over 8 KV heads (q as (B, 4, 8, D): the 4 query heads of a KV head are 4 rows, no mask) from
 the decode tile config, and report TB/s of K + V read.

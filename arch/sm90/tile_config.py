@@ -66,8 +66,9 @@ class FwdTileConfig:
     # (the host passes the SM count times ctas_per_sm), CTA c taking tiles c, c + n, ...; the
     # producer loads the next tile's Q and K / V while the consumers finish the current one,
     # and O gets an smem buffer of its own so that its store overlaps the next tile. Dense
-    # inputs only; under a causal / window mask CTA c takes pairs of query tiles whose key
-    # ranges are complementary (FlashFwdSm90._persistent_tile), so units are equal work
+    # inputs only; under a mask CTA c takes pairs of query tiles whose key ranges are
+    # complementary (FlashFwdSm90._persistent_tile): equal work under the causal mask, not
+    # under a window (which the table leaves on one CTA per tile)
     persistent_ctas: int = 0
 
     def __post_init__(self):
@@ -149,8 +150,13 @@ def fwd_persistent(head_dim: int, seqlen_k: int, causal: bool = False) -> bool:
     Round-robin, TFLOP/s, one CTA per tile / persistent (tune_fwd_pcausal2_*_h200.json): D=128
     1k 425 / 493, 2k 501 / 553, 4k 560 / 587, 8k 610 / 616, 16k 642 / 634; D=96 4k 501 / 515;
     D=64 (264 CTAs) 1k 318 / 345, 2k 383 / 393, 4k 432 / 429, 8k 455 / 444; D=64 16k (the
-    192-row tile, 132 CTAs) 508 / 493. The same 8k cap at D=96 / 128, 2k at D=64. Under a
-    window: not measured, not taken.
+    192-row tile, 132 CTAs) 508 / 493. The same 8k cap at D=96 / 128, 2k at D=64.
+
+    Not under a window (tune_fwd_pwindow*_h200.json, window (left, 0), same columns): D=128 4k
+    with 1k keys 499 / 528, 8k with 1k keys 445 / 488, 16k with 4k keys 603 / 540; D=64 8k
+    with 1k keys 334 / 331. The complementary pairs are not equal work there (a window's key
+    count ramps up, then stays flat), and which CTAs draw the light ones depends on the
+    stride; the gains at 1k keys are that luck.
 
     Past D=128, O's own smem buffer does not fit beside two K / V stages."""
     if head_dim > PERSISTENT_MAX_HEAD_DIM:
