@@ -278,7 +278,7 @@ class FlashFwdSm90:
             num_batch = mCuSeqlensQ.shape[0] - 1
         grid = (num_m_blocks, cute.size(mQ.shape[2]), num_batch * num_splits)
         if cutlass.const_expr(self.persistent):
-            num_units = self._persistent_units(num_m_blocks, cute.size(mQ.shape[2]), num_batch)
+            num_units = self._units_per_pair(num_m_blocks) * cute.size(mQ.shape[2]) * num_batch
             grid = (cutlass.min(num_units, self.config.persistent_ctas), 1, 1)
         self.kernel(
             tiled_mma_qk,
@@ -587,6 +587,9 @@ class FlashFwdSm90:
                         kv_state,
                     )  # fmt: skip
         else:
+            # its own stride loop: one loop over 2^k tiles a unit for both (k = 0 here) gives
+            # the same causal PTX but a different loop in this one, whose PTX is the measured
+            # kernel's (docs/perf/README.md, sixteenth session)
             for tile in cutlass.range(first, num_units, stride, unroll=1):
                 m_block, head, seq, _, n_min, n_max, _ = self._persistent_tile(tile, 0, *tile_args)
                 q_state, kv_state = self.load(
@@ -1044,17 +1047,16 @@ class FlashFwdSm90:
             pipeline.make_pipeline_state(user, self.num_stages),
         )
 
-    def _persistent_units(self, num_m_blocks, num_heads, num_batch):
-        """Work units of a persistent grid: one per tile, or under a mask one per pair of
-        complementary query tiles (`_persistent_tile`)."""
-        per_pair = (num_m_blocks + 1) // 2 if self.masked else num_m_blocks
-        return per_pair * num_heads * num_batch
+    def _units_per_pair(self, num_m_blocks):
+        """Work units of one (head, batch) of a persistent grid: one per query tile, or under
+        a mask one per pair of complementary query tiles (`_persistent_tile`)."""
+        return (num_m_blocks + 1) // 2 if self.masked else num_m_blocks
 
     @cute.jit
     def _persistent_range(self, seqlen_q: Int32, num_heads: Int32, num_batch: Int32):
         """(unit count, this CTA's first unit, stride) of a persistent grid."""
         num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        num_units = self._persistent_units(num_m_blocks, num_heads, num_batch)
+        num_units = self._units_per_pair(num_m_blocks) * num_heads * num_batch
         return num_units, cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
 
     @cute.jit
@@ -1082,9 +1084,7 @@ class FlashFwdSm90:
         pairs are not equal work (-10% at 16k with a 4k window); the table does not take it
         there."""
         num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        per_pair = num_m_blocks
-        if cutlass.const_expr(self.masked):
-            per_pair = (num_m_blocks + 1) // 2
+        per_pair = self._units_per_pair(num_m_blocks)
         m_block = unit % per_pair
         rest = unit // per_pair
         head = rest % num_heads
