@@ -64,11 +64,12 @@ FWD_INPUTS = (
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
     # the persistent grid of dense forwards (tile_config.fwd_persistent; D <= 128), built for
-    # the SM count of an H100 SXM / H200 (132) without a mask ("tall" too at D=64) and under
-    # the causal one ("causal": built with the causal feature)
+    # the SM count of an H100 SXM / H200 (132) without a mask ("tall" too at D=64), under
+    # the causal one and under a sliding window ("mask": the feature row it is built with)
     ("persistent", {"persistent": True}),
     ("tall persistent", {"tall": True, "persistent": True}),
-    ("causal persistent", {"persistent": True, "causal": True}),
+    ("causal persistent", {"persistent": True, "mask": "causal"}),
+    ("window persistent", {"persistent": True, "mask": "local"}),
 )  # fmt: skip
 # the SM count the AOT build of a persistent variant assumes (others JIT their own)
 AOT_NUM_SMS = 132
@@ -147,16 +148,14 @@ def _variant_problems(head_dims, dtypes, heads):
     )
 
     plain, causal = FEATURES[0], FEATURES[1]
-    fwd = [(f, "", {}) for f in FEATURES] + [
-        (
-            plain
-            if kw.get("decode") or (kw.get("persistent") and not kw.get("causal"))
-            else causal,
-            label,
-            kw,
-        )
-        for label, kw in FWD_INPUTS
-    ]
+    by_label = {f[0]: f for f in FEATURES}
+
+    def feature_row(kw: dict) -> tuple:
+        if "mask" in kw:
+            return by_label[kw["mask"]]
+        return plain if kw.get("decode") or kw.get("persistent") else causal
+
+    fwd = [(f, "", {}) for f in FEATURES] + [(feature_row(kw), lbl, kw) for lbl, kw in FWD_INPUTS]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
     # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections;
     # built where the rule can take it)
@@ -180,8 +179,7 @@ def _variant_problems(head_dims, dtypes, heads):
             # persistent grids only where the runtime rule can pick them (any key length),
             # the tall one only where it differs (D=64)
             if inputs.get("persistent") and (
-                not fwd_persistent(d, 1, inputs.get("causal", False))
-                or (inputs.get("tall") and d > 64)
+                not fwd_persistent(d, 1, left, right) or (inputs.get("tall") and d > 64)
             ):
                 continue
             # grouped variants only where the runtime rule can pick them (any grid size)
@@ -214,7 +212,7 @@ def compile_variants(
         tall = inputs.pop("tall", False)
         wide = inputs.pop("wide", False)
         sms = AOT_NUM_SMS if inputs.pop("persistent", False) else 0
-        inputs.pop("causal", None)  # which feature row it was built with: p says it
+        inputs.pop("mask", None)  # which feature row it was built with: p says it
         if "page_size" in inputs:
             p = dataclasses.replace(p, paged=True, page_size=inputs.pop("page_size"))
         return fwd_key(p, arch, InputFeatures(**inputs), decode=decode, tall=tall, wide=wide,

@@ -367,9 +367,11 @@ def _plan(
         and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
-    # dense and unsplit in the bucket: the table gives calls without a window and not decode a
-    # persistent grid
-    persistent = feats == _DENSE and fwd_persistent(p.head_dim, seqlen_k, kp.causal)
+    # dense and unsplit in fwd_persistent's bucket (its window is the kernel's: the packed
+    # decode view has none); the table itself keeps decode on one CTA per tile
+    persistent = feats == _DENSE and fwd_persistent(
+        p.head_dim, seqlen_k, kp.window_left, kp.window_right
+    )
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
     if splits > 1:

@@ -69,6 +69,9 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "d64-8k-win1k": (2, 8192, 8192, 32, 64, False, False, 1024),
     "d128-16k-win1k": (1, 16384, 16384, 16, 128, False, False, 1024),
     "d64-4k-win128": (4, 4096, 4096, 32, 64, False, False, 128),
+    "d64-8k-win256": (2, 8192, 8192, 32, 64, False, False, 256),
+    "d64-8k-win512": (2, 8192, 8192, 32, 64, False, False, 512),
+    "d96-8k-win1k": (2, 8192, 8192, 16, 96, False, False, 1024),
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
     "decode-b64-8k": (64, 4, 8192, 8, 128, False, True),
     "decode-b128-2k": (128, 4, 2048, 8, 128, False, True),
@@ -132,11 +135,11 @@ def main():
         small_window = (min(left, 100), window[1])
         ref_window = tuple(None if w < 0 else w for w in small_window)
         # the variant the library runs for this shape (tall: the long-query bucket; the
-        # persistent-grid bucket, which the table applies to dense rows without a window)
+        # persistent-grid bucket of dense rows)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         base = fwd_tile_config(
             d, d, causal, local, decode, tall=not decode and fills_tall_tiles(sq, causal or local),
-            persistent_sms=sms if fwd_persistent(d, sk, causal) and not local else 0,
+            persistent_sms=sms if fwd_persistent(d, sk, *window) else 0,
         )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
 

@@ -221,15 +221,23 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
 # its pipelines running on from tile to tile. 1 and 5 CTAs give every CTA many tiles across
 # heads and batches (odd lengths: a partial last query tile and key tile), 132 one or two.
 # Sq > Sk: under the causal mask the first query rows see no key, so whole tiles have no work
-# (out 0, lse -inf) between tiles that have. The outputs start poisoned, so a tile left
-# unwritten shows.
+# (out 0, lse -inf) between tiles that have. Windows: a ramp of paired tiles, then single ones
+# (FlashFwdSm90._persistent_tile), and a left bound alone (single tiles). The outputs start
+# poisoned, so a tile left unwritten shows.
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,sq", [(64, 457), (64, 2200), (96, 300), (128, 457)])
 @pytest.mark.parametrize("ctas", [1, 5, 132])
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"softcap": 9.0}, {"causal": True}, {"window_size": (37, 11)}],
-    ids=["dense", "softcap", "causal", "window"],
+    [
+        {},
+        {"softcap": 9.0},
+        {"causal": True},
+        {"window_size": (37, 11)},
+        {"window_size": (150, 0)},
+        {"window_size": (20, -1)},
+    ],
+    ids=["dense", "softcap", "causal", "window", "window-ramp", "window-left"],
 )
 def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, kw):
     import dataclasses
@@ -307,10 +315,12 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     assert len([r for r in grouped if "varlen" not in r["name"]]) == 11, rows
     assert len([r for r in grouped if "varlen" in r["name"]]) == 5, rows
     # persistent grids of dense forwards: unmasked at D = 64 (both row buckets), 96 and 128;
-    # causal at D = 64, 96 and 128
+    # causal at D = 64, 96 and 128; under a sliding window (128 keys) at D = 64, 96 and 128
     persistent = [r for r in rows if r["name"].endswith(" persistent")]
-    assert len([r for r in persistent if "causal persistent" not in r["name"]]) == 4, rows
+    masked = ("causal persistent", "window persistent")
+    assert len([r for r in persistent if not r["name"].endswith(masked)]) == 4, rows
     assert len([r for r in persistent if "causal persistent" in r["name"]]) == 3, rows
+    assert len([r for r in persistent if "window persistent" in r["name"]]) == 3, rows
     for r in rows:
         assert r["ok"], r
         assert r["spills"] == 0, r

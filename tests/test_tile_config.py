@@ -113,9 +113,9 @@ def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
 
 
 def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
-    # _plan: dense, unsplit calls without a window in tile_config.fwd_persistent's bucket get a
-    # persistent grid of one wave on this device (132 SMs; two CTAs an SM for the 64-row D=64
-    # tile); windowed, split, packed and decode calls keep one CTA per tile
+    # _plan: dense, unsplit calls in tile_config.fwd_persistent's bucket get a persistent grid
+    # of one wave on this device (132 SMs; two CTAs an SM for the 64-row D=64 tile); split,
+    # packed and decode calls, and windows outside the bucket, keep one CTA per tile
     from cute_attn import fwd_sm90
 
     monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
@@ -123,12 +123,12 @@ def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
     monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
     fwd_sm90._plan.cache_clear()
 
-    def ctas(d, sq, sk, causal=False, splits=0, feats=None, b=4, h=16):
+    def ctas(d, sq, sk, causal=False, splits=0, feats=None, b=4, h=16, left=-1, right=-1):
         p = AttnProblem(
             batch=b, seqlen_q=sq, seqlen_k=sk, num_heads=h, num_heads_kv=h, head_dim=d,
             head_dim_v=d, dtype="bfloat16", device_type="cuda", device_index=0,
-            softmax_scale=0.1, causal=causal, window_left=-1, window_right=0 if causal else -1,
-            softcap=0.0, num_splits=splits,
+            softmax_scale=0.1, causal=causal, window_left=left,
+            window_right=0 if causal else right, softcap=0.0, num_splits=splits,
         )  # fmt: skip
         plan = fwd_sm90._plan(p, feats or InputFeatures(), b, sq, sk, False, 0)
         return FwdTileConfig(*plan.fn.tile).persistent_ctas
@@ -141,6 +141,13 @@ def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
         assert ctas(128, 16384, 16384, causal=True) == 0 and ctas(96, 8192, 8192, causal=True)
         assert ctas(64, 2048, 2048, causal=True) == 264 and ctas(64, 4096, 4096, causal=True) == 0
         assert ctas(256, 1024, 1024, causal=True) == 0
+        # sliding windows at D=96 / 128, any length; at D=64 up to 512 keys wide; not a left
+        # bound alone
+        assert ctas(128, 16384, 16384, causal=True, left=4096) == 132
+        assert ctas(96, 16384, 16384, left=100, right=7) == 132
+        assert ctas(64, 8192, 8192, causal=True, left=512) == 264
+        assert ctas(64, 8192, 8192, left=500, right=13) == 0
+        assert ctas(128, 4096, 4096, left=1024) == 0
         assert ctas(128, 4096, 4096, splits=2) == 0  # split partials
         assert ctas(128, 64, 8192, b=1, h=2) == 0  # a grid of 2 CTAs splits the keys
         assert ctas(128, 4096, 4096, feats=InputFeatures(seqused_k=True)) == 0
@@ -233,16 +240,22 @@ def test_fwd_l2_sections_where_measured():
 def test_fwd_persistent_where_measured():
     # persistent grids: dense forwards at D <= 128 (O's own smem buffer does not fit past it),
     # at D=96 / 128 only up to 8k keys (16k lost 1-2%), at D=64 under a causal mask up to 2k
-    # (4k lost 0.6%), a wave of CTAs (2 per SM for the two-CTA D=64 tile); never under a
-    # window, for decode or a paged cache
+    # (4k lost 0.6%), under a sliding window at D=96 / 128 (any length: measured to 16k) and
+    # at D=64 up to 512 keys wide (1k lost 1.7%) and 8k keys; a wave of CTAs (2 per SM for
+    # the two-CTA D=64 tile); never under a left bound alone, for decode or a paged cache
     from cute_attn.arch.sm90.tile_config import fwd_persistent
 
     assert fwd_persistent(64, 1 << 20) and fwd_persistent(128, 8192)
     assert not fwd_persistent(128, 8193) and not fwd_persistent(96, 16384)
     assert not fwd_persistent(192, 1024) and not fwd_persistent(256, 1024)
-    assert fwd_persistent(128, 8192, causal=True) and not fwd_persistent(128, 8193, causal=True)
-    assert fwd_persistent(64, 2048, causal=True) and not fwd_persistent(64, 2049, causal=True)
-    assert not fwd_persistent(256, 1024, causal=True)
+    assert fwd_persistent(128, 8192, -1, 0) and not fwd_persistent(128, 8193, -1, 0)
+    assert fwd_persistent(64, 2048, -1, 0) and not fwd_persistent(64, 2049, -1, 0)
+    assert fwd_persistent(128, 100, -1, 5) and not fwd_persistent(256, 1024, -1, 0)
+    assert fwd_persistent(128, 1 << 20, 4096, 0) and fwd_persistent(96, 1 << 20, 100, 7)
+    assert fwd_persistent(64, 8192, 128, 0) and fwd_persistent(64, 8192, 500, 12)
+    assert not fwd_persistent(64, 8193, 128, 0)  # the 192-row tile's lengths: not measured
+    assert not fwd_persistent(64, 4096, 1024, 0) and not fwd_persistent(256, 4096, 128, 0)
+    assert not fwd_persistent(128, 4096, 1024, -1)  # a left bound alone
 
     def ctas(*a, **k):
         return fwd_tile_config(*a, **k).persistent_ctas
@@ -253,7 +266,7 @@ def test_fwd_persistent_where_measured():
     assert ctas(128, 128, False, False) == 0
     assert ctas(128, 128, True, False, persistent_sms=132) == 132
     for kw in ({"causal": True, "local": True}, {"causal": False, "local": True}):
-        assert ctas(128, 128, **kw, persistent_sms=132) == 0
+        assert ctas(128, 128, **kw, persistent_sms=132) == 132  # the host's bucket decides
     assert ctas(128, 128, False, False, True, persistent_sms=132) == 0
     assert ctas(128, 128, False, False, page_size=64, persistent_sms=132) == 0
     assert ctas(256, 256, False, False, persistent_sms=132) == 0

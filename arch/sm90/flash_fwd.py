@@ -278,7 +278,9 @@ class FlashFwdSm90:
             num_batch = mCuSeqlensQ.shape[0] - 1
         grid = (num_m_blocks, cute.size(mQ.shape[2]), num_batch * num_splits)
         if cutlass.const_expr(self.persistent):
-            num_units = self._units_per_pair(num_m_blocks) * cute.size(mQ.shape[2]) * num_batch
+            ramp = self._persistent_ramp(num_m_blocks, mQ.shape[0], mK.shape[0], window_left)
+            per_pair = self._units_per_pair(num_m_blocks, ramp)
+            num_units = per_pair * cute.size(mQ.shape[2]) * num_batch
             grid = (cutlass.min(num_units, self.config.persistent_ctas), 1, 1)
         self.kernel(
             tiled_mma_qk,
@@ -571,7 +573,9 @@ class FlashFwdSm90:
         tiles land while the consumers still work on this one)."""
         q_state, kv_state = self._pipeline_states(pipeline.PipelineUserType.Producer)
         seqlen_q, num_heads = mQ.shape[0], mQ.shape[2]
-        num_units, first, stride = self._persistent_range(seqlen_q, num_heads, num_batch)
+        num_units, first, stride = self._persistent_range(
+            seqlen_q, mK.shape[0], num_heads, num_batch, window_left
+        )
         tile_args = (seqlen_q, mK.shape[0], num_heads, num_batch, window_left, window_right)
         if cutlass.const_expr(self.masked):
             # each unit is two tiles (the second may not exist): 2 x this CTA's units
@@ -825,7 +829,9 @@ class FlashFwdSm90:
         order; O's last TMA store must have read sO before the CTA exits."""
         q_state, kv_state = self._pipeline_states(pipeline.PipelineUserType.Consumer)
         seqlen_q, num_heads = mO.shape[0], mO.shape[2]
-        num_units, first, stride = self._persistent_range(seqlen_q, num_heads, num_batch)
+        num_units, first, stride = self._persistent_range(
+            seqlen_q, seqlen_k, num_heads, num_batch, window_left
+        )
         tile_args = (seqlen_q, seqlen_k, num_heads, num_batch, window_left, window_right)
         if cutlass.const_expr(self.masked):
             for j in cutlass.range(2 * cute.ceil_div(num_units - first, stride), unroll=1):
@@ -1047,16 +1053,44 @@ class FlashFwdSm90:
             pipeline.make_pipeline_state(user, self.num_stages),
         )
 
-    def _units_per_pair(self, num_m_blocks):
-        """Work units of one (head, batch) of a persistent grid: one per query tile, or under
-        a mask one per pair of complementary query tiles (`_persistent_tile`)."""
-        return (num_m_blocks + 1) // 2 if self.masked else num_m_blocks
+    def _persistent_ramp(
+        self, num_m_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left: Int32
+    ):
+        """Under a right bound, the first query tiles, whose key range starts at key tile 0
+        (no left bound cuts it) and grows tile by tile: every tile without a left bound, else
+        those with m * tile_m + (seqlen_k - seqlen_q) - window_left < tile_n
+        (TileMask.n_block_range). Without a right bound those tiles all see every key: no
+        ramp."""
+        if cutlass.const_expr(not self.has_right):
+            return 0
+        if cutlass.const_expr(not self.has_left):
+            return num_m_blocks
+        edge = window_left + self.tile_n - (seqlen_k - seqlen_q)
+        return cutlass.min(cute.ceil_div(cutlass.max(edge, 0), self.tile_m), num_m_blocks)
+
+    def _units_per_pair(self, num_m_blocks, ramp):
+        """Work units of one (head, batch) of a persistent grid: one per query tile without a
+        mask; under a mask one per pair of complementary ramp tiles (`_persistent_ramp`), then
+        one per tile after the ramp (`_persistent_tile`)."""
+        if cutlass.const_expr(not self.masked):
+            return num_m_blocks
+        if cutlass.const_expr(not self.has_left):
+            return (num_m_blocks + 1) // 2  # the ramp is every tile
+        return (ramp + 1) // 2 + num_m_blocks - ramp
 
     @cute.jit
-    def _persistent_range(self, seqlen_q: Int32, num_heads: Int32, num_batch: Int32):
+    def _persistent_range(
+        self,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        num_batch: Int32,
+        window_left: Int32,
+    ):
         """(unit count, this CTA's first unit, stride) of a persistent grid."""
         num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        num_units = self._units_per_pair(num_m_blocks) * num_heads * num_batch
+        ramp = self._persistent_ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
+        num_units = self._units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
         return num_units, cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
 
     @cute.jit
@@ -1074,25 +1108,41 @@ class FlashFwdSm90:
         """(m_block, head, seq, mask, n_min, n_max, valid) of a persistent grid's work unit
         over dense inputs, its query tiles fastest, then heads, then batches (the CTAs running
         together share a head's K and V). Without a mask a unit is one tile (`half` unused,
-        always valid). Under a mask unit u of a (head, batch) is two tiles, the last query
-        tile but u (half 0) and tile u (half 1; not `valid` where it is the same tile, the
-        middle one of an odd count): under a bottom-right causal mask their key tiles sum to
-        the same count for every u (Sq <= Sk, up to a tile of rounding), so a static stride
-        over units spreads equal work, where over single tiles a CTA could draw the longest
-        tile of every pass (-35% at 4k causal D=128 in a first try that ordered tiles longest
-        first in passes of alternating direction, docs/perf/README.md). Under a window the
-        pairs are not equal work (-10% at 16k with a 4k window); the table does not take it
-        there."""
+        always valid).
+
+        Under a mask the ramp (`_persistent_ramp`: the first R query tiles, whose key ranges
+        start at key tile 0 and end further right tile by tile) goes in units of two tiles,
+        the ramp's last tile but u (half 0) and its tile u (half 1; not `valid` where it is
+        the same tile, the middle one of an odd ramp). Their key tiles sum to the same count
+        for every u (with Sq <= Sk, up to a tile of rounding). Under a window the tiles after
+        the ramp are one unit each (half 1 not `valid`): both ends of their key ranges move
+        with the tile, so each is about the work of a ramp pair. A static stride over units
+        then spreads equal work. Over single tiles a CTA could draw the longest tile of every
+        pass: -35% at 4k causal D=128 in a first try that ordered tiles longest first in
+        passes of alternating direction; pairs over all of a window's tiles lost 10% at 16k
+        with a 4k window (docs/perf/README.md). Tiles whose key range the right bound clips
+        at seqlen_k (a window reaching right of the diagonal) are lighter; not paired."""
         num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        per_pair = self._units_per_pair(num_m_blocks)
+        ramp = self._persistent_ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
+        per_pair = self._units_per_pair(num_m_blocks, ramp)
         m_block = unit % per_pair
         rest = unit // per_pair
         head = rest % num_heads
         valid = True
         if cutlass.const_expr(self.masked):
-            mirror = num_m_blocks - 1 - m_block
-            valid = (half == 0) | (mirror != m_block)
-            m_block = cutlass.select_(half == 0, mirror, m_block)
+            mirror = ramp - 1 - m_block
+            if cutlass.const_expr(self.has_left):
+                ramp_units = (ramp + 1) // 2
+                in_ramp = m_block < ramp_units
+                valid = (half == 0) | (in_ramp & (mirror != m_block))
+                m_block = cutlass.select_(
+                    in_ramp,
+                    cutlass.select_(half == 0, mirror, m_block),
+                    m_block - ramp_units + ramp,
+                )
+            else:
+                valid = (half == 0) | (mirror != m_block)
+                m_block = cutlass.select_(half == 0, mirror, m_block)
         seq = SeqInfo.create(
             self.features, rest // num_heads, seqlen_q, seqlen_k, None, None, None, None, None
         )

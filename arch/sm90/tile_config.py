@@ -127,17 +127,23 @@ def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
 
 # the largest head dim with a persistent forward variant (its O buffer fits smem), and the
 # longest key lengths whose forwards take one (fwd_persistent): D=96 / 128 with or without a
-# causal mask, D=64 under a causal mask (D=64 without a mask: any length)
+# causal mask, D=64 under a causal mask (D=64 without a mask, and D=96 / 128 under a sliding
+# window: any length; D=64 under a sliding window up to a width)
 PERSISTENT_MAX_HEAD_DIM = 128
 PERSISTENT_MAX_KEYS = 8192
 PERSISTENT_MAX_KEYS_D64_CAUSAL = 2048
+# the widest sliding window (left + right keys) whose D=64 forwards take one
+PERSISTENT_MAX_WINDOW_D64 = 512
 
 
-def fwd_persistent(head_dim: int, seqlen_k: int, causal: bool = False) -> bool:
-    """Whether a dense forward without a window (and not split) takes a persistent grid
-    (FwdTileConfig.persistent_ctas): the host's bucket, passed to fwd_tile_config as the SM
-    count. A CTA's prologue (Q and the first K / V loads) and epilogue cost about the same per
-    tile whatever the key length, so the gain shrinks as the keys grow.
+def fwd_persistent(
+    head_dim: int, seqlen_k: int, window_left: int = -1, window_right: int = -1
+) -> bool:
+    """Whether a dense, unsplit forward takes a persistent grid (FwdTileConfig.persistent_ctas):
+    the host's bucket, passed to fwd_tile_config as the SM count. The window is the kernel
+    problem's (-1: that side unbounded; the causal corner is (-1, 0)). A CTA's prologue (Q and
+    the first K / V loads) and epilogue cost about the same per tile whatever the key length,
+    so the gain shrinks as the keys grow.
 
     Unmasked. Round-robin, TFLOP/s, one CTA per tile / persistent
     (tune_fwd_persistent_*_h200.json): D=128 1k 578 / 644, 2k 662 / 697, 4k 630 / 648, 8k 649 /
@@ -146,24 +152,40 @@ def fwd_persistent(head_dim: int, seqlen_k: int, causal: bool = False) -> bool:
     16k 532 / 534 and 532 / 537. At 16k D=96 / 128 lose 1-2%, hence the key-length cap there
     (8k measured at D=128 only).
 
-    Causal (units of two complementary query tiles, FlashFwdSm90._persistent_tile).
-    Round-robin, TFLOP/s, one CTA per tile / persistent (tune_fwd_pcausal2_*_h200.json): D=128
-    1k 425 / 493, 2k 501 / 553, 4k 560 / 587, 8k 610 / 616, 16k 642 / 634; D=96 4k 501 / 515;
-    D=64 (264 CTAs) 1k 318 / 345, 2k 383 / 393, 4k 432 / 429, 8k 455 / 444; D=64 16k (the
-    192-row tile, 132 CTAs) 508 / 493. The same 8k cap at D=96 / 128, 2k at D=64.
+    A right bound only: the causal corner, or a window reaching right of it (units of two
+    complementary query tiles, FlashFwdSm90._persistent_tile). Round-robin, TFLOP/s, one CTA per
+    tile / persistent (tune_fwd_pcausal2_*_h200.json, causal): D=128 1k 425 / 493, 2k 501 /
+    553, 4k 560 / 587, 8k 610 / 616, 16k 642 / 634; D=96 4k 501 / 515; D=64 (264 CTAs) 1k 318 /
+    345, 2k 383 / 393, 4k 432 / 429, 8k 455 / 444; D=64 16k (the 192-row tile, 132 CTAs) 508 /
+    493. The same 8k cap at D=96 / 128, 2k at D=64. Right bounds past the diagonal follow
+    the causal rule, not measured on their own.
 
-    Not under a window (tune_fwd_pwindow*_h200.json, window (left, 0), same columns): D=128 4k
-    with 1k keys 499 / 528, 8k with 1k keys 445 / 488, 16k with 4k keys 603 / 540; D=64 8k
-    with 1k keys 334 / 331. The complementary pairs are not equal work there (a window's key
-    count ramps up, then stays flat), and which CTAs draw the light ones depends on the
-    stride; the gains at 1k keys are that luck.
+    A sliding window (both sides bounded: pairs over the ramp of tiles whose key range starts
+    at key 0, one tile a unit after it). Window (left, 0), same columns
+    (tune_fwd_winramp_*_h200.json): D=128 4k with 1k keys 438 / 479, 8k with 1k keys 504 /
+    520, 16k with 1k keys 445 / 474, 16k with 4k keys 591 / 596; D=96 8k with 1k keys 420 /
+    441; D=64 (264 CTAs) 4k with 128 keys 114 / 122, 8k with 256 keys 190 / 191, 512 keys
+    272 / 278, 1k keys 355 / 349. Taken at D=96 / 128 for every window and length (a row's
+    keys are the window's, not seqlen_k); at D=64 for windows up to 512 keys wide and up to
+    the 8k keys measured (longer queries take the 192-row tile, not measured with a window).
+    Pairs over every tile of a window had lost 10% at 16k with 4k keys
+    (tune_fwd_pwindow*_h200.json).
 
-    Past D=128, O's own smem buffer does not fit beside two K / V stages."""
+    A left bound only: each tile sees fewer keys than the one before it, which the units do
+    not pair; not measured, one CTA per tile. Past D=128, O's own smem buffer does not fit
+    beside two K / V stages."""
     if head_dim > PERSISTENT_MAX_HEAD_DIM:
         return False
-    if head_dim <= 64:
-        return not causal or seqlen_k <= PERSISTENT_MAX_KEYS_D64_CAUSAL
-    return seqlen_k <= PERSISTENT_MAX_KEYS
+    if window_left >= 0:
+        if window_right < 0 or head_dim > 64:
+            return window_right >= 0
+        return (
+            window_left + window_right <= PERSISTENT_MAX_WINDOW_D64
+            and seqlen_k <= PERSISTENT_MAX_KEYS
+        )
+    if window_right >= 0 and head_dim <= 64:
+        return seqlen_k <= PERSISTENT_MAX_KEYS_D64_CAUSAL
+    return head_dim <= 64 or seqlen_k <= PERSISTENT_MAX_KEYS
 
 
 def fwd_tile_config(
@@ -182,16 +204,15 @@ def fwd_tile_config(
     rows); `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so
     the key tile must lie inside one page (`paged_tile_config`); `tall`: a dense query length
     for which `fills_tall_tiles` holds; `wide`: an unsplit packed-decode grid for which
-    `fills_two_ctas_per_sm` holds; `persistent_sms` > 0: a dense, unsplit problem without a
-    window for which `fwd_persistent` holds, on a device of that many SMs (the host decides
-    all three; each picks between two compiled variants, none is a length in the key).
+    `fills_two_ctas_per_sm` holds; `persistent_sms` > 0: a dense, unsplit problem for which
+    `fwd_persistent` holds, on a device of that many SMs (the host decides all three; each
+    picks between two compiled variants, none is a length in the key).
 
     Measurements: docs/perf/tune_switches.json (H200, bf16, round-robin timing of variants in
     one process, 40 reps each) and docs/perf/README.md.
     """
     cfg = _dense_tile_config(head_dim, head_dim_v, causal, local, decode, tall, wide)
-    window_or_inference = local or decode or page_size
-    if persistent_sms > 0 and not window_or_inference and head_dim <= PERSISTENT_MAX_HEAD_DIM:
+    if persistent_sms > 0 and not decode and not page_size and head_dim <= PERSISTENT_MAX_HEAD_DIM:
         # a persistent grid of one wave: the SM count times the CTAs an SM holds
         cfg = dataclasses.replace(cfg, persistent_ctas=persistent_sms * cfg.ctas_per_sm)
     if page_size > 0:
