@@ -41,6 +41,7 @@ from .fwd_sm90 import (
     Sm90Key,
     _artifact_options,
     _num_sms,
+    kernel_window,
     softmax_scales,
     static_features,
     unsupported_reason,
@@ -173,7 +174,8 @@ def _scalars(p: AttnProblem) -> tuple:
     """The main kernel's runtime scalars: softmax_scale_log2, score_premul, softmax_scale,
     window_left, window_right."""
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
-    return scale_log2, premul, p.softmax_scale, max(p.window_left, 0), max(p.window_right, 0)
+    window = kernel_window(p, p.seqlen_q + p.seqlen_k)
+    return scale_log2, premul, p.softmax_scale, *window
 
 
 def _launch(q, pre, pre_args, main, main_args, post, post_args, between=None):

@@ -311,6 +311,16 @@ def softmax_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
     return softmax_scale * log2e, 1.0
 
 
+def kernel_window(p: AttnProblem, bound: int) -> tuple[int, int]:
+    """(left, right) as the kernels' Int32 values: 0 for an absent side (the kernel's
+    has_left / has_right say which exist) and each side clamped to `bound`, the query plus key
+    length (the longest of packed sequences). A side that wide cuts no key already (left >=
+    Sk - 1, right >= Sq - 1 suffice), so the clamp is exact, and the kernels' row + offset -
+    left arithmetic stays inside Int32 for any window the caller passes (window sizes are
+    unbounded Python ints)."""
+    return min(max(p.window_left, 0), bound), min(max(p.window_right, 0), bound)
+
+
 def _num_sms(index: int | None) -> int:
     return _sm_count(index if index is not None else torch.cuda.current_device())
 
@@ -381,7 +391,7 @@ def _plan(
     return _Plan(
         fn=build_fwd(key),
         combine=combine,
-        scalars=(scale_log2, premul, max(kp.window_left, 0), max(kp.window_right, 0), rows, splits),
+        scalars=(scale_log2, premul, *kernel_window(kp, max_seqlen_q + seqlen_k), rows, splits),
         splits=splits,
         group=group,
     )

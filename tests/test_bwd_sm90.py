@@ -77,6 +77,13 @@ def test_bwd_sweep(request, dtype, d, dv, sq, sk, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("window", [(2**40, 0), (2**31 - 1, 3)])
+def test_bwd_window_wider_than_int32(window):
+    # the backward's window scalars are clamped like the forward's (bwd_sm90._scalars)
+    _check(*_inputs(2, 300, 120, 6, 2, 128, 128, torch.bfloat16), window_size=window)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("h,hkv", [(6, 6), (6, 3), (6, 1)])
 @pytest.mark.parametrize("window", [(None, None), (0, 0), (64, None), (None, 64), (5, -1)])
 @pytest.mark.parametrize("causal", [False, True])

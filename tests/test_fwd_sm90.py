@@ -45,6 +45,16 @@ def test_fwd_sweep(dtype, d, dv, sq, sk, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("window", [(2**40, 0), (2**31 - 1, 3), (7, 2**40), (2**31 - 1, -1)])
+def test_fwd_window_wider_than_int32(window):
+    # window sides are unbounded python ints: the host clamps them, exactly, before the
+    # kernels' Int32 arithmetic (fwd_sm90.kernel_window). With Sq > Sk, row + offset is
+    # negative for the first rows, where an unclamped 2**31 - 1 left bound would wrap.
+    q, k, v = attn_inputs(2, 300, 120, 6, 2, 128, 128, torch.bfloat16)
+    _check(q, k, v, window_size=window)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("h,hkv", [(6, 6), (6, 3), (6, 1)])
 @pytest.mark.parametrize("window", [(None, None), (0, 0), (64, None), (None, 64), (-1, 3), (5, -1)])
 @pytest.mark.parametrize("causal", [False, True])

@@ -432,3 +432,21 @@ def test_bwd_l2_sections_where_measured():
         assert sections(d, dv, False) == sections(d, dv, True, det=True) == 0
         assert sections(d, dv, True, local=True) == sections(d, dv, False, local=True) == 0
     assert sections(64, 64, True) == sections(64, 64, False) == 0
+
+
+def test_kernel_window_clamp_is_exact():
+    # fwd_sm90.kernel_window clamps each window side to Sq + Sk for the kernels' Int32 math;
+    # a side that wide cuts nothing, so the mask is the unclamped one (reference rule)
+    from cute_attn.fwd_sm90 import kernel_window
+    from cute_attn.reference import visible_mask
+
+    for sq, sk in ((1, 1), (300, 120), (120, 300), (5, 2), (64, 64)):
+        for left, right in ((2**40, 0), (2**31 - 1, 3), (7, 2**40), (-1, 2**33), (3, -1)):
+            p = dataclasses.replace(PLAIN, seqlen_q=sq, seqlen_k=sk, window_left=left,
+                                    window_right=right)  # fmt: skip
+            cl, cr = kernel_window(p, sq + sk)
+            assert 0 <= cl <= sq + sk and 0 <= cr <= sq + sk
+            # the kernel's values with the absent sides marked absent again
+            cl, cr = (cl if left >= 0 else -1), (cr if right >= 0 else -1)
+            want = visible_mask(sq, sk, left, right)
+            assert bool((visible_mask(sq, sk, cl, cr) == want).all()), (sq, sk, left, right)
