@@ -573,33 +573,15 @@ class FlashFwdSm90:
         tiles land while the consumers still work on this one)."""
         q_state, kv_state = self._pipeline_states(pipeline.PipelineUserType.Producer)
         seqlen_q, num_heads = mQ.shape[0], mQ.shape[2]
-        num_units, first, stride = self._persistent_range(
-            seqlen_q, mK.shape[0], num_heads, num_batch, window_left
-        )
+
+        def tile(m_block, head, seq, mask, n_min, n_max, q_state, kv_state):
+            return self.load(
+                tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipe_q, pipe_k,
+                pipe_v, seq, m_block, head, n_min, n_max, None, q_state, kv_state,
+            )  # fmt: skip
+
         tile_args = (seqlen_q, mK.shape[0], num_heads, num_batch, window_left, window_right)
-        if cutlass.const_expr(self.masked):
-            # each unit is two tiles (the second may not exist): 2 x this CTA's units
-            for j in cutlass.range(2 * cute.ceil_div(num_units - first, stride), unroll=1):
-                unit, half = first + (j >> 1) * stride, j & 1
-                m_block, head, seq, _, n_min, n_max, valid = self._persistent_tile(
-                    unit, half, *tile_args
-                )
-                if valid:
-                    q_state, kv_state = self.load(
-                        tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipe_q,
-                        pipe_k, pipe_v, seq, m_block, head, n_min, n_max, None, q_state,
-                        kv_state,
-                    )  # fmt: skip
-        else:
-            # its own stride loop: one loop over 2^k tiles a unit for both (k = 0 here) gives
-            # the same causal PTX but a different loop in this one, whose PTX is the measured
-            # kernel's (docs/perf/README.md, sixteenth session)
-            for tile in cutlass.range(first, num_units, stride, unroll=1):
-                m_block, head, seq, _, n_min, n_max, _ = self._persistent_tile(tile, 0, *tile_args)
-                q_state, kv_state = self.load(
-                    tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipe_q, pipe_k,
-                    pipe_v, seq, m_block, head, n_min, n_max, None, q_state, kv_state,
-                )  # fmt: skip
+        q_state, kv_state = self._walk_units(tile_args, q_state, kv_state, tile)
         self._producer_tail(pipe_k, pipe_v, kv_state)
 
     @cute.jit
@@ -829,32 +811,16 @@ class FlashFwdSm90:
         order; O's last TMA store must have read sO before the CTA exits."""
         q_state, kv_state = self._pipeline_states(pipeline.PipelineUserType.Consumer)
         seqlen_q, num_heads = mO.shape[0], mO.shape[2]
-        num_units, first, stride = self._persistent_range(
-            seqlen_q, seqlen_k, num_heads, num_batch, window_left
-        )
+
+        def tile(m_block, head, seq, mask, n_min, n_max, q_state, kv_state):
+            return self.mma(
+                tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO, pipe_q,
+                pipe_k, pipe_v, mask, seq, m_block, head, seq.q_batch, n_min, n_max,
+                softmax_scale_log2, score_premul, anchor, q_state, kv_state,
+            )  # fmt: skip
+
         tile_args = (seqlen_q, seqlen_k, num_heads, num_batch, window_left, window_right)
-        if cutlass.const_expr(self.masked):
-            for j in cutlass.range(2 * cute.ceil_div(num_units - first, stride), unroll=1):
-                unit, half = first + (j >> 1) * stride, j & 1
-                m_block, head, seq, mask, n_min, n_max, valid = self._persistent_tile(
-                    unit, half, *tile_args
-                )
-                if valid:
-                    q_state, kv_state = self.mma(
-                        tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
-                        pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, seq.q_batch, n_min,
-                        n_max, softmax_scale_log2, score_premul, anchor, q_state, kv_state,
-                    )  # fmt: skip
-        else:
-            for tile in cutlass.range(first, num_units, stride, unroll=1):
-                m_block, head, seq, mask, n_min, n_max, _ = self._persistent_tile(
-                    tile, 0, *tile_args
-                )
-                q_state, kv_state = self.mma(
-                    tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO, pipe_q,
-                    pipe_k, pipe_v, mask, seq, m_block, head, seq.q_batch, n_min, n_max,
-                    softmax_scale_log2, score_premul, anchor, q_state, kv_state,
-                )  # fmt: skip
+        q_state, kv_state = self._walk_units(tile_args, q_state, kv_state, tile)
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.roles.store_warp:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -1052,6 +1018,38 @@ class FlashFwdSm90:
             pipeline.make_pipeline_state(user, 1),
             pipeline.make_pipeline_state(user, self.num_stages),
         )
+
+    @cute.jit
+    def _walk_units(self, tile_args: tuple, q_state, kv_state, tile):
+        """This CTA's work units of a persistent grid in order (`_persistent_range`,
+        `_persistent_tile`), calling `tile(m_block, head, seq, mask, n_min, n_max, q_state,
+        kv_state) -> (q_state, kv_state)` for each tile: the producer's and the consumers'
+        shared walk, so both see the same tiles in the same order."""
+        seqlen_q, seqlen_k, num_heads, num_batch, window_left, _ = tile_args
+        num_units, first, stride = self._persistent_range(
+            seqlen_q, seqlen_k, num_heads, num_batch, window_left
+        )
+        if cutlass.const_expr(self.masked):
+            # each unit is two tiles (the second may not exist): 2 x this CTA's units
+            for j in cutlass.range(2 * cute.ceil_div(num_units - first, stride), unroll=1):
+                unit, half = first + (j >> 1) * stride, j & 1
+                m_block, head, seq, mask, n_min, n_max, valid = self._persistent_tile(
+                    unit, half, *tile_args
+                )
+                if valid:
+                    q_state, kv_state = tile(
+                        m_block, head, seq, mask, n_min, n_max, q_state, kv_state
+                    )
+        else:
+            # its own stride loop: one loop over 2^k tiles a unit for both (k = 0 here) gives
+            # the same causal PTX but a different loop in this one, whose PTX is the measured
+            # kernel's (docs/perf/README.md, sixteenth session)
+            for unit in cutlass.range(first, num_units, stride, unroll=1):
+                m_block, head, seq, mask, n_min, n_max, _ = self._persistent_tile(
+                    unit, 0, *tile_args
+                )
+                q_state, kv_state = tile(m_block, head, seq, mask, n_min, n_max, q_state, kv_state)
+        return q_state, kv_state
 
     def _persistent_ramp(
         self, num_m_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left: Int32
