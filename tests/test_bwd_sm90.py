@@ -397,8 +397,13 @@ for det in (False, True):
     spills = sass.count("STL") + sass.count("LDL")
     # the writer waits for warpgroup 1's own half on named barrier 5 (one warpgroup + the
     # writer warp: 160 = 0xa0 threads), not for the whole tile on 3 (both: 288 = 0x120)
-    out[str(det)] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass),
-                     "reduces": sass.count("UTMAREDG"), "spills": spills,
+    shapes = {}
+    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
+        key = shape + (" tnspA" if "tnspA" in rest else "")
+        shapes[key] = shapes.get(key, 0) + 1
+    out[str(det)] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass), "shapes": shapes,
+                     "tile": [cfg.tile_m, cfg.dq_swap_ab], "spills": spills,
+                     "reduces": sass.count("UTMAREDG"), "sts32": len(re.findall(r"STS \[", sass)),
                      "wg_handoff": "BAR.SYNC.DEFER_BLOCKING 0x5, 0xa0" in sass,
                      "joint_handoff": bool(re.search(r"BAR\.[A-Z_.]+ [^,;]+, 0x120 ;", sass))}
 print(json.dumps(out))
@@ -406,19 +411,23 @@ print(json.dumps(out))
 
 
 @pytest.mark.compile
-def test_bwd_dq_staging_swizzle_reaches_the_kernel(tmp_path):
-    # the table's dQ staging is what the kernel builds at D=128: each warpgroup hands its own
-    # half to the writer, and 32-byte boxes (8 fp32 columns) give four times the TMA
-    # reduce-adds of the deterministic mode's 128-byte (32-column) boxes
+def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
+    # the table's D=128 tile is what the kernel builds, default and deterministic: 80 query
+    # rows, dQ^T = K^T dS^T as 64 x 80 wgmmas with a transposed A (K^T), each warpgroup
+    # handing its own head-dim half to the writer in 128-byte-swizzled boxes (32 fp32
+    # columns: two per half), staged by 32-bit stores (two query rows a register pair)
     r = run_json_snippet(_DQ_SWIZZLE_SNIPPET, tmp_path, timeout=900)
     default, det = r["False"], r["True"]
     if not default["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
-    assert default["swizzle"] == 32 and det["swizzle"] == 128, r
-    assert det["reduces"] > 0 and default["reduces"] == 4 * det["reduces"], r
-    assert default["spills"] == 0 and det["spills"] == 0, r
     for v in (default, det):
+        assert v["tile"] == [80, True] and v["swizzle"] == 128 and v["spills"] == 0, r
         assert v["wg_handoff"] and not v["joint_handoff"], r
+        # per k-step of 16: S^T and dP^T over D = 128 (8 each), dQ^T over the 128 keys (8);
+        # dV and dK over the 80 query rows (5 each)
+        assert v["shapes"] == {"64x80x16": 16, "64x80x16 tnspA": 8, "64x128x16": 10}, r
+        assert v["sts32"] >= 40, r
+    assert default["reduces"] == det["reduces"] > 0, r
 
 
 _WIDE_SNIPPET = r"""

@@ -286,18 +286,37 @@ def test_bwd_split_mask_loops_where_measured():
     assert not bwd_tile_config(64, 64, False, True).split_mask_loops
 
 
-def test_bwd_dq_swizzle_where_measured():
-    # 32-byte swizzle (conflict-free dQ stores) except in the deterministic order, whose waits
-    # on each dQ add measured faster with the 128-byte swizzle's wider TMA boxes
+def test_bwd_dq_staging_where_measured():
+    # D=96 / 128: 80 query rows with dQ^T = K^T dS^T, whose 32-bit staging stores are
+    # conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
+    # tune_bwd_m80_h100.json), every mask and order. D=64: the 32-byte swizzle (conflict-free
+    # 64-bit stores) except in the deterministic order, whose waits on each dQ add measured
+    # faster with the 128-byte swizzle's wider TMA boxes
     from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
 
-    for d in (64, 128):
-        for causal, local, softcap in ((False, False, False), (True, False, False),
-                                       (False, True, False), (True, False, True)):  # fmt: skip
-            assert bwd_tile_config(d, d, causal, local, softcap).dq_swizzle == 32
-            assert bwd_tile_config(d, d, causal, local, softcap, True).dq_swizzle == 128
+    for causal, local, softcap in ((False, False, False), (True, False, False),
+                                   (False, True, False), (True, False, True)):  # fmt: skip
+        for det in (False, True):
+            for d in (96, 128):
+                cfg = bwd_tile_config(d, d, causal, local, softcap, det)
+                assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (80, True, 128), cfg
+                assert (cfg.dq_half_staging, cfg.dq_stages) == (True, 2), cfg
+            cfg = bwd_tile_config(64, 64, causal, local, softcap, det)
+            assert not cfg.dq_swap_ab and cfg.dq_swizzle == (128 if det else 32), cfg
     with pytest.raises(ValueError, match="dq_swizzle"):
         BwdTileConfig(dq_swizzle=16)
+    # dQ^T needs each warpgroup's half staged on its own, query rows in 16-row steps, and
+    # splits the head dim itself (not with dkv_swap_ab)
+    half = dict(dq_half_staging=True, dq_stages=2)
+    assert BwdTileConfig(tile_m=80, dq_swap_ab=True, **half).tile_m == 80
+    with pytest.raises(ValueError, match="dq_stages = 2"):
+        BwdTileConfig(tile_m=80, dq_swap_ab=True)
+    with pytest.raises(ValueError, match="16..128"):
+        BwdTileConfig(tile_m=72, dq_swap_ab=True, **half)
+    with pytest.raises(ValueError, match="tile_m 80 must be 64"):
+        BwdTileConfig(tile_m=80, **half)
+    with pytest.raises(ValueError, match="no dq_swap_ab"):
+        BwdTileConfig(tile_n=64, dkv_swap_ab=True, dq_swap_ab=True, **half)
 
 
 def test_row_max_form_where_measured():
@@ -368,10 +387,10 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             cfg = bwd_tile_config(d, d, causal, local, softcap, det)
             assert not cfg.dkv_swap_ab and cfg.do_stages == 2
             assert cfg.smem_bytes(d, d) <= SMEM_BYTES_SM90
-            # 64 query rows split dQ by head dim: each warpgroup stages its half in a buffer
-            # of its own; D=64's 128-row tile splits dQ by rows and stages it whole
+            # 64 query rows (or 80 with dQ^T) split dQ by head dim: each warpgroup stages its
+            # half in a buffer of its own; D=64's 128-row tile splits dQ by rows, stages it whole
             assert (cfg.dq_half_staging, cfg.dq_stages) == (
-                (True, 2) if cfg.tile_m == 64 else (False, 1)
+                (True, 2) if cfg.tile_m in (64, 80) else (False, 1)
             )
     with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
         BwdTileConfig(tile_n=128, dkv_swap_ab=True)

@@ -194,6 +194,8 @@ class FlashBwdSm90:
         if smem > SMEM_BYTES_SM90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+        # fp32 elements from one stage of the lse / D row vectors to the next (128 bytes apart)
+        self.row_stage_stride = -(-cfg.tile_m // 32) * 32
         self.num_stages = cfg.num_stages
         self.do_stages = cfg.do_stages
         # dQ staging (BwdTileConfig.dq_half_staging / dq_stages): the whole tile in one buffer,
@@ -202,9 +204,13 @@ class FlashBwdSm90:
         self.dq_wg_bufs = cfg.dq_half_staging and cfg.dq_stages == 2
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)
-        self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups
-        if not self.dq_split_rows and cfg.tile_m != 64:
+        self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups and not cfg.dq_swap_ab
+        # or dQ^T = K^T dS^T, whose 64-row tiles are the head-dim halves (BwdTileConfig)
+        self.swap_dq = cfg.dq_swap_ab
+        if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
+        if self.swap_dq and self.tile_d != 64 * cfg.num_mma_warpgroups:
+            raise ValueError(f"dq_swap_ab splits a {64 * cfg.num_mma_warpgroups}-column head dim")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -275,12 +281,18 @@ class FlashBwdSm90:
         # are 64 per warpgroup, else the head dim
         if cutlass.const_expr(self.dq_split_rows):
             tiled_mma_dq = tiled_mma(K, MN, (nwg, 1, 1), (64, d), False)
+        elif cutlass.const_expr(self.swap_dq):
+            # dQ^T = K^T dS^T: A the (head dim, key) view of sK, B dS as stored (query, key)
+            tiled_mma_dq = tiled_mma(MN, K, (nwg, 1, 1), (64, tm), False)
         else:
             tiled_mma_dq = tiled_mma(K, MN, (1, nwg, 1), (tm, d // nwg), False)
         # one warpgroup's (tm, d / nwg) part of dQ: how it lands in the half-size staging
-        # buffer under dq_half_staging (the same per-thread fragment as in tiled_mma_dq)
+        # buffer under dq_half_staging (the same per-thread fragment as in tiled_mma_dq; its
+        # (d / nwg, tm) transpose under swap_dq)
         tiled_mma_dq_part = tiled_mma_dq  # unused without dq_half_staging
-        if cutlass.const_expr(self.dq_halves):
+        if cutlass.const_expr(self.swap_dq):
+            tiled_mma_dq_part = tiled_mma(MN, K, (1, 1, 1), (d // nwg, tm), False)
+        elif cutlass.const_expr(self.dq_halves):
             tiled_mma_dq_part = tiled_mma(K, MN, (1, 1, 1), (tm, d // nwg), False)
 
         stages, do_stages = self.num_stages, self.do_stages
@@ -312,8 +324,9 @@ class FlashBwdSm90:
         tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
         tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, d))
         # per-row statistics ride with Q (lse) and dO (D): one 1-D TMA tile each
-        sLSE_layout = cute.make_layout((tm, stages))
-        sDsum_layout = cute.make_layout((tm, do_stages))
+        # each stage 128-byte aligned, as a TMA destination must be (80-row tiles: 320 B)
+        sLSE_layout = cute.make_layout((tm, stages), stride=(1, self.row_stage_stride))
+        sDsum_layout = cute.make_layout((tm, do_stages), stride=(1, self.row_stage_stride))
         tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(
             tma_load, mLSE, cute.make_layout(tm), (tm,)
         )
@@ -730,8 +743,12 @@ class FlashBwdSm90:
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_smem_view(sK)))
+        if cutlass.const_expr(self.swap_dq):
+            tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_smem_view(sK)))
+            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
+        else:
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transpose_smem_view(sK)))
         if cutlass.const_expr(self.swap_dkv):
             # dV^T = dO^T P, dK^T = Q^T dS: (head dim, query) A, (key, query) B views
             tdVrdOt = wg_dv.make_fragment_A(wg_dv.partition_A(transpose_smem_view(sdO)))
@@ -745,7 +762,9 @@ class FlashBwdSm90:
             dk_shape, dv_shape = (tn, self.tile_d), (tn, self.tile_dv)
 
         acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
-        acc_shape_dq = thr_dq.partition_shape_C((tm, self.tile_d))
+        acc_shape_dq = thr_dq.partition_shape_C(
+            (self.tile_d, tm) if cutlass.const_expr(self.swap_dq) else (tm, self.tile_d)
+        )
         acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C(dk_shape), Float32)
         acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C(dv_shape), Float32)
         acc_dk.fill(0.0)
@@ -760,7 +779,10 @@ class FlashBwdSm90:
         thr_store_ds = cute.make_tiled_copy_C(store_ds_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
         tPsP = thr_store_ds.partition_D(transpose_smem_view(sP))
-        if cutlass.const_expr(self.dq_halves):
+        if cutlass.const_expr(self.swap_dq):
+            # this warpgroup's (d / 2, tm) part of dQ^T, through the transpose of its buffer
+            tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(transpose_smem_view(sdQ))
+        elif cutlass.const_expr(self.dq_halves):
             # this warpgroup's (tm, d / 2) part of dQ, in the half-size staging buffer
             tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(sdQ)
         else:
@@ -778,11 +800,12 @@ class FlashBwdSm90:
 
         # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
         # through a (tn, tm, stages) view that ignores the key index (stride 0)
+        rs = self.row_stage_stride
         sLSE_st = cute.make_tensor(
-            sLSE.iterator, cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, tm))
+            sLSE.iterator, cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, rs))
         )
         sDsum_st = cute.make_tensor(
-            sDsum.iterator, cute.make_layout((tn, tm, self.do_stages), stride=(0, 1, tm))
+            sDsum.iterator, cute.make_layout((tn, tm, self.do_stages), stride=(0, 1, rs))
         )
 
         if m_max > m_min:
@@ -864,7 +887,11 @@ class FlashBwdSm90:
                             )  # fmt: skip
                         # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
                         acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
-                        gemm(tiled_mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrKt, True)
+                        r_dqs = tdQrdS[None, None, None, stage]
+                        if cutlass.const_expr(self.swap_dq):
+                            gemm(tiled_mma_dq, acc_dq, tdQrKt, r_dqs, True)  # dQ^T = K^T dS^T
+                        else:
+                            gemm(tiled_mma_dq, acc_dq, r_dqs, tdQrKt, True)
                         if cutlass.const_expr(self.swap_dkv):
                             gemm(
                                 tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],

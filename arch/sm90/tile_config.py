@@ -496,6 +496,11 @@ class BwdTileConfig:
     # whole-tile buffers without it were measured and removed: no faster at D=128
     # (tune_bwd_lse_dq2_h200.json)
     dq_stages: int = 1
+    # dQ^T = K^T dS^T: the warpgroups' 64-row wgmma tiles are dQ's head-dim halves and the
+    # query rows are its N, so tile_m need not be a multiple of 64 (FA3's 80-row D=128 tile).
+    # Each warpgroup stages its half through a transposed view of its buffer
+    # (dq_half_staging, dq_stages = 2); 32-bit stores, conflict-free under the 128-byte swizzle
+    dq_swap_ab: bool = False
     # > 0: launch a dense grid in L2 sections (arch/common/schedule.py) of as many (head,
     # batch) pairs as fit this many bytes of Q, dO, lse, D and the dQ accumulator, key tile
     # 0 of every pair in a section first (under a causal mask the longest CTAs); 0: pair after
@@ -511,6 +516,8 @@ class BwdTileConfig:
             raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
         if self.dq_swizzle not in (32, 64, 128):
             raise ValueError(f"dq_swizzle {self.dq_swizzle} must be 32, 64 or 128 (bytes)")
+        if self.dkv_swap_ab and self.dq_swap_ab:
+            raise ValueError("dkv_swap_ab splits dQ's head dim already: no dq_swap_ab")
         if self.dkv_swap_ab:
             # S^T's 64 key rows are one wgmma M; its query columns split over the warpgroups,
             # and dQ (64 rows) splits its head dim
@@ -523,14 +530,20 @@ class BwdTileConfig:
                 # the GPU tests ran (2, 1) and (2, 2), the table's, and nothing else is built
                 raise ValueError("do_stages must not exceed num_stages")
             return
-        if self.dq_half_staging and self.tile_m != 64:
-            # the halves are the warpgroups' head-dim halves of dQ: dQ split by head dim
-            raise ValueError("dq_half_staging needs tile_m = 64 (dQ split by head dim)")
         if self.tile_n != 64 * self.num_mma_warpgroups:
             raise ValueError(f"tile_n {self.tile_n} must be 64 * num_mma_warpgroups")
-        if self.tile_m not in (64, 64 * self.num_mma_warpgroups):
+        if self.dq_swap_ab:
+            # query rows are the N of S^T / dP^T / dQ^T and the K of dV / dK (16-row steps)
+            if self.tile_m % 16 or not 16 <= self.tile_m <= 128:
+                raise ValueError(f"dq_swap_ab takes tile_m {self.tile_m}: 16..128, step 16")
+            if not (self.dq_half_staging and self.dq_stages == 2):
+                raise ValueError("dq_swap_ab stages each warpgroup's half (dq_stages = 2)")
+        elif self.tile_m not in (64, 64 * self.num_mma_warpgroups):
             # dQ's wgmma takes 64 rows per warpgroup: split over rows or over the head dim
             raise ValueError(f"tile_m {self.tile_m} must be 64 or 64 * num_mma_warpgroups")
+        if self.dq_half_staging and self.tile_m != 64 and not self.dq_swap_ab:
+            # the halves are the warpgroups' head-dim halves of dQ: dQ split by head dim
+            raise ValueError("dq_half_staging needs tile_m = 64 (dQ split by head dim)")
         if self.num_stages != 2 or self.do_stages != 2:
             raise ValueError("the backward double-buffers Q, dO and dS: num_stages must be 2")
 
@@ -551,7 +564,7 @@ class BwdTileConfig:
         ds = (sq + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
         # fp32 staging for the dQ reduce-add
         dq = self.dq_stages * self.tile_m * head_dim * 4 // (1 + self.dq_half_staging)
-        rows = (sq + sdo) * self.tile_m * 4  # lse and D per query row
+        rows = (sq + sdo) * -(-self.tile_m // 32) * 32 * 4  # lse and D, 128-byte stages
         return q + do + kv + ds + dq + rows + 1024
 
 
@@ -672,10 +685,10 @@ def _bwd_tiles(
         # Its own 96-column tiles with dQ on one warpgroup (N = 96) lost to it
         # (tune_bwd_d96_single_dq_h200.json, round-robin, TFLOP/s, own / padded): 16k 431 /
         # 449, 16k causal 416 / 440, 4k 415 / 427, 1k 338 / 345; that variant was removed.
-        # dQ staged as at D = 128 (below; not timed at D = 96 on its own)
-        return BwdTileConfig(
-            dq_swizzle=dq_swizzle, padded_head_dim=128, dq_half_staging=True, dq_stages=2
-        )
+        # The D = 128 tile below (80 rows, dQ^T), against the 64-row one (H100, round-robin,
+        # TFLOP/s, 64 rows / 64 rows with dQ^T / 80 rows with dQ^T, tune_bwd_m80_d96_h100.json):
+        # 16k 461 / 464 / 477, 4k causal 382 / 384 / 386, 1k 330 / 338 / 344.
+        return dataclasses.replace(_bwd_d128_tile(), padded_head_dim=128)
     if head_dim > 128:
         # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
         # BWD_HEAD_DIMS). Two Q stages with dQ staged in halves; dO gets two stages where it
@@ -694,18 +707,43 @@ def _bwd_tiles(
             tile_m=64, tile_n=64, num_stages=2, do_stages=1 if head_dim_v > 128 else 2,
             dkv_swap_ab=True, dq_half_staging=True, padded_head_dim=pad, dq_swizzle=128,
         )  # fmt: skip
-    # 64 x 128 for D=128 (FA3's causal shape; FA3 uses 80 rows non-causal with a swapped dQ,
-    # not written here). v0 measurements: docs/perf/bench_bwd_h200_v0.json.
-    # split_mask_loops (same file, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k
-    # causal 327 / 328: within noise, off (it doubles the main loop's code).
-    # dQ staged per warpgroup: each stages its head-dim half in a buffer of its own and hands
-    # it to the writer on its own barriers (the same 32 KB as one whole-tile buffer), so
-    # neither waits for the other's half. Two round-robin runs, TFLOP/s, whole tile / per
-    # warpgroup (tune_bwd_d128_dq_h200.json, tune_bwd_d128_sw_h200.json): 16k 561 / 558 and
-    # 566 / 564, 16k causal 581 / 592 and 574 / 592, 4k 545 / 556 and 529 / 547, 1k causal
-    # 330 / 335, 1k 434 / 443; with the 64- or 128-byte swizzle it lost (16k causal 535, 536).
-    # Deterministic, whole tile / alternating whole tiles / per warpgroup (128-byte swizzle):
-    # 16k 502 / 540 / 549, 16k causal 481 / 504 / 526, 4k 450 / 461 / 475, 1k causal 294 / 307
-    # / 305. D=64 with softcap or a left window (64 query rows) lands here too: its GPU tests
-    # ran this staging, its speed was not timed.
-    return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
+    if head_dim <= 64:
+        # D=64 with softcap or a left window: 64 x 128 with dQ = dS K (dq_swap_ab splits a
+        # 128-column head dim). Its GPU tests ran this staging, its speed was not timed. The
+        # tile was D=128's until the 80-row one (_bwd_d128_tile), measured there:
+        # split_mask_loops (bench_bwd_h200_v0.json, on / off): 16k causal 566 / 563, 4k causal 481 /
+        # 479, 1k causal 327 / 328: within noise, off (it doubles the main loop's code). dQ staged
+        # per warpgroup: each stages its head-dim half in a buffer of its own and hands it to the
+        # writer on its own barriers (the same 32 KB as one whole-tile buffer), so neither waits for
+        # the other's half. Two round-robin runs, TFLOP/s, whole tile / per warpgroup
+        # (tune_bwd_d128_dq_h200.json, tune_bwd_d128_sw_h200.json): 16k 561 / 558 and 566 / 564, 16k
+        # causal 581 / 592 and 574 / 592, 4k 545 / 556 and 529 / 547, 1k causal 330 / 335, 1k 434 /
+        # 443; with the 64- or 128-byte swizzle it lost (16k causal 535, 536). Deterministic, whole
+        # tile / alternating whole tiles / per warpgroup (128-byte swizzle): 16k 502 / 540 / 549,
+        # 16k causal 481 / 504 / 526, 4k 450 / 461 / 475, 1k causal 294 / 307 / 305.
+        return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
+    return _bwd_d128_tile()
+
+
+def _bwd_d128_tile() -> BwdTileConfig:
+    """D = 128 (and D = 96 over zero-filled columns), every mask and order.
+
+    80 x 128 with dQ^T = K^T dS^T (dq_swap_ab; FA3's non-causal D=128 tile). Round-robin on an
+    H100 SXM (the lent machine of that session), TFLOP/s, 64 rows (the old table) / 64 rows
+    with dQ^T / 80 rows with dQ^T / 80 rows with dQ^T and the 32-byte swizzle
+    (tune_bwd_m80_h100.json): 16k 548 / 589 / 614 / 545, 4k 499 / 527 / 544 / 494, 1k 393 /
+    414 / 422 / 389, 16k causal 544 / 585 / 605 / 541, 4k causal 452 / 488 / 489 / 442, 1k
+    causal 280 / 305 / 298 / 272. Same gradients (err columns). GQA 32/8 (per query head +
+    sum; 4 x 4k): 514 / 542 / 559, causal (grouped) 447 / 484 / 480
+    (tune_bwd_m80_d96_h100.json). Deterministic (tune_bwd_m80_det_h100.json): 16k 549 / 554
+    / 618, 4k causal 453 / 467 / 483, 1k 358 / 367 / 380. The swapped dQ accumulator's
+    rows are head dims, so each thread's two adjacent elements are two query rows of the
+    staging tile: 32-bit stores, conflict-free only under the 128-byte swizzle (the 32-byte
+    one, which is what the unswapped 64-bit stores need, loses 8-11%). The 80-row tile
+    loses only at 1k causal (-2%), kept for one variant everywhere. The tile fills the smem
+    (231,936 B of 232,448) and 240 registers without spills.
+
+    Before: 64 x 128 with dQ = dS K (still D=64's tile under softcap or a left window)."""
+    return BwdTileConfig(
+        tile_m=80, dq_swap_ab=True, dq_swizzle=128, dq_half_staging=True, dq_stages=2
+    )
