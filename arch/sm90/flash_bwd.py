@@ -7,7 +7,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     dQ writer: it adds each query tile's dQ partial (fp32, staged in smem) into the global
     fp32 accumulator with a TMA bulk reduce-add. Staging (BwdTileConfig.dq_half_staging,
     dq_stages): the whole tile handed over by both warpgroups together, or each warpgroup's
-    head-dim half in a buffer of its own on its own named barriers (D <= 128 at 64 query rows),
+    head-dim half in a buffer of its own on its own named barriers (D <= 128, dQ split by head
+    dim),
     or the two halves in turn in one buffer (past D = 128, for smem);
   * warpgroups 1..2 (registers raised) each own 64 of the keys. Per query tile, with the
     transposed products so the key rows stay in registers:
@@ -17,6 +18,10 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
         dV += P^T dO, dK += dS^T Q                      (wgmma RS: P^T, dS^T from registers)
         dQ  = dS K                                      (wgmma SS: dS through smem, both
                                                          warpgroups' keys, split along D)
+    or, swapped (BwdTileConfig.dq_swap_ab, the table's D = 96 / 128 tile of 80 query rows),
+        dQ^T = K^T dS^T                                 (wgmma SS: 64 head dims a warpgroup,
+                                                         the query rows as N, any multiple of 16)
+    staged through the transpose of each warpgroup's half buffer (32-bit stores);
     masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
     tile can see are never visited;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
