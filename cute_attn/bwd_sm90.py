@@ -71,8 +71,9 @@ def _bwd_key(
     arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det, varlen,
     group_heads,
 ):  # fmt: skip
-    tile = dataclasses.astuple(bwd_tile_config(d, dv, causal, local, has_softcap, det))
     group_heads = group_heads and h > hkv
+    tile = bwd_tile_config(d, dv, causal, local, has_softcap, det, group_heads)
+    tile = dataclasses.astuple(tile)
     return BwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen,
         group_heads,

@@ -323,7 +323,7 @@ from cute_attn.arch.sm90.compile import compile_bwd_postprocess, compile_bwd_pre
 from cute_attn.aot import _sass
 rows = []
 for dt in ("bfloat16", "float16"):
-    for d, tm in ((64, 0), (96, 0), (128, 0), (128, 64), (256, 64)):  # tm > 0: varlen
+    for d, tm in ((64, 0), (96, 0), (128, 0), (128, 80), (256, 64)):  # tm > 0: varlen
         for kind, build in (
             ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm)),
             ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm)),
@@ -384,15 +384,18 @@ def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
 
 
 _DQ_SWIZZLE_SNIPPET = r"""
-import json, os, re, tempfile
+import dataclasses, json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
 from cute_attn.arch.sm90.tile_config import bwd_tile_config
 out = {}
-for det in (False, True):
-    cfg = bwd_tile_config(128, 128, True, False, deterministic=det)
-    spec = BwdSpec("bfloat16", 128, 128, 8, 8, False, True, False, cfg, deterministic=det)
+for name in ("False", "True", "d64"):
+    det, d = name == "True", 64 if name == "d64" else 128
+    cfg = bwd_tile_config(d, d, True, False, deterministic=det)
+    if name == "d64":  # not the table's: dQ^T with the warpgroups splitting its query columns
+        cfg = dataclasses.replace(cfg, dq_swap_ab=True, dq_swizzle=128)
+    spec = BwdSpec("bfloat16", d, d, 8, 8, False, True, False, cfg, deterministic=det)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
     spills = sass.count("STL") + sass.count("LDL")
     # the writer waits for warpgroup 1's own half on named barrier 5 (one warpgroup + the
@@ -401,7 +404,7 @@ for det in (False, True):
     for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
         key = shape + (" tnspA" if "tnspA" in rest else "")
         shapes[key] = shapes.get(key, 0) + 1
-    out[str(det)] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass), "shapes": shapes,
+    out[name] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass), "shapes": shapes,
                      "tile": [cfg.tile_m, cfg.dq_swap_ab], "spills": spills,
                      "reduces": sass.count("UTMAREDG"), "sts32": len(re.findall(r"STS \[", sass)),
                      "wg_handoff": "BAR.SYNC.DEFER_BLOCKING 0x5, 0xa0" in sass,
@@ -428,6 +431,14 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
         assert v["shapes"] == {"64x80x16": 16, "64x80x16 tnspA": 8, "64x128x16": 10}, r
         assert v["sts32"] >= 40, r
     assert default["reduces"] == det["reduces"] > 0, r
+    # D=64 (a variant the table does not take yet: built, not measured): one 64-row head-dim
+    # tile whose query columns the warpgroups split (64 x 64 wgmmas, two loops under the
+    # split mask), the whole tile handed over at once in two 128-byte-swizzled boxes
+    d64 = r["d64"]
+    assert d64["tile"] == [128, True] and d64["spills"] == 0, r
+    assert d64["shapes"] == {"64x128x16": 16, "64x64x16": 32, "64x64x16 tnspA": 16}, r
+    assert d64["reduces"] == 2 and d64["sts32"] >= 64, r
+    assert not d64["wg_handoff"] and d64["joint_handoff"], r
 
 
 _WIDE_SNIPPET = r"""

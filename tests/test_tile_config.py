@@ -289,19 +289,24 @@ def test_bwd_split_mask_loops_where_measured():
 def test_bwd_dq_staging_where_measured():
     # D=96 / 128: 80 query rows with dQ^T = K^T dS^T, whose 32-bit staging stores are
     # conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
-    # tune_bwd_m80_h100.json), every mask and order. D=64: the 32-byte swizzle (conflict-free
-    # 64-bit stores) except in the deterministic order, whose waits on each dQ add measured
-    # faster with the 128-byte swizzle's wider TMA boxes
+    # tune_bwd_m80_h100.json), every mask and order; under softcap or group_heads that tile
+    # spills, so those keep the 64-row dQ = dS K tile. That one and D=64 take the 32-byte
+    # swizzle (conflict-free 64-bit stores) except in the deterministic order, whose waits on
+    # each dQ add measured faster with the 128-byte swizzle's wider TMA boxes
     from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
 
     for causal, local, softcap in ((False, False, False), (True, False, False),
                                    (False, True, False), (True, False, True)):  # fmt: skip
-        for det in (False, True):
+        for det, group in itertools.product((False, True), repeat=2):
             for d in (96, 128):
-                cfg = bwd_tile_config(d, d, causal, local, softcap, det)
-                assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (80, True, 128), cfg
+                cfg = bwd_tile_config(d, d, causal, local, softcap, det, group)
                 assert (cfg.dq_half_staging, cfg.dq_stages) == (True, 2), cfg
-            cfg = bwd_tile_config(64, 64, causal, local, softcap, det)
+                if softcap or group:
+                    assert (cfg.tile_m, cfg.dq_swap_ab) == (64, False), cfg
+                    assert cfg.dq_swizzle == (128 if det else 32), cfg
+                else:
+                    assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (80, True, 128), cfg
+            cfg = bwd_tile_config(64, 64, causal, local, softcap, det, group)
             assert not cfg.dq_swap_ab and cfg.dq_swizzle == (128 if det else 32), cfg
     with pytest.raises(ValueError, match="dq_swizzle"):
         BwdTileConfig(dq_swizzle=16)
@@ -310,7 +315,9 @@ def test_bwd_dq_staging_where_measured():
     half = dict(dq_half_staging=True, dq_stages=2)
     assert BwdTileConfig(tile_m=80, dq_swap_ab=True, **half).tile_m == 80
     with pytest.raises(ValueError, match="dq_stages = 2"):
-        BwdTileConfig(tile_m=80, dq_swap_ab=True)
+        BwdTileConfig(tile_m=80, dq_swap_ab=True, dq_half_staging=True)
+    # without the halves (a 64-column head dim) the warpgroups split dQ^T's query columns
+    assert BwdTileConfig(tile_m=128, dq_swap_ab=True).dq_swap_ab
     with pytest.raises(ValueError, match="16..128"):
         BwdTileConfig(tile_m=72, dq_swap_ab=True, **half)
     with pytest.raises(ValueError, match="tile_m 80 must be 64"):

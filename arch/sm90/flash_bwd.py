@@ -211,11 +211,17 @@ class FlashBwdSm90:
         # or its head dim (tile_m = 64)
         self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups and not cfg.dq_swap_ab
         # or dQ^T = K^T dS^T, whose 64-row tiles are the head-dim halves (BwdTileConfig)
+        # (D = 128: the warpgroups' head-dim halves, dq_half_staging), or at D = 64 the
+        # warpgroups split dQ^T's query columns and stage the whole tile
         self.swap_dq = cfg.dq_swap_ab
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
-        if self.swap_dq and self.tile_d != 64 * cfg.num_mma_warpgroups:
-            raise ValueError(f"dq_swap_ab splits a {64 * cfg.num_mma_warpgroups}-column head dim")
+        swap_d = 64 * cfg.num_mma_warpgroups if cfg.dq_half_staging else 64
+        if self.swap_dq and self.tile_d != swap_d:
+            raise ValueError(
+                f"dq_swap_ab with dq_half_staging={cfg.dq_half_staging} takes head dim"
+                f" {swap_d}, not {self.tile_d}"
+            )
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -286,16 +292,19 @@ class FlashBwdSm90:
         # are 64 per warpgroup, else the head dim
         if cutlass.const_expr(self.dq_split_rows):
             tiled_mma_dq = tiled_mma(K, MN, (nwg, 1, 1), (64, d), False)
-        elif cutlass.const_expr(self.swap_dq):
+        elif cutlass.const_expr(self.swap_dq and self.dq_halves):
             # dQ^T = K^T dS^T: A the (head dim, key) view of sK, B dS as stored (query, key)
             tiled_mma_dq = tiled_mma(MN, K, (nwg, 1, 1), (64, tm), False)
+        elif cutlass.const_expr(self.swap_dq):
+            # the same with one 64-row head-dim tile: the warpgroups split its query columns
+            tiled_mma_dq = tiled_mma(MN, K, (1, nwg, 1), (64, tm // nwg), False)
         else:
             tiled_mma_dq = tiled_mma(K, MN, (1, nwg, 1), (tm, d // nwg), False)
         # one warpgroup's (tm, d / nwg) part of dQ: how it lands in the half-size staging
         # buffer under dq_half_staging (the same per-thread fragment as in tiled_mma_dq; its
         # (d / nwg, tm) transpose under swap_dq)
         tiled_mma_dq_part = tiled_mma_dq  # unused without dq_half_staging
-        if cutlass.const_expr(self.swap_dq):
+        if cutlass.const_expr(self.swap_dq and self.dq_halves):
             tiled_mma_dq_part = tiled_mma(MN, K, (1, 1, 1), (d // nwg, tm), False)
         elif cutlass.const_expr(self.dq_halves):
             tiled_mma_dq_part = tiled_mma(K, MN, (1, 1, 1), (tm, d // nwg), False)
@@ -784,9 +793,12 @@ class FlashBwdSm90:
         thr_store_ds = cute.make_tiled_copy_C(store_ds_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
         tPsP = thr_store_ds.partition_D(transpose_smem_view(sP))
-        if cutlass.const_expr(self.swap_dq):
+        if cutlass.const_expr(self.swap_dq and self.dq_halves):
             # this warpgroup's (d / 2, tm) part of dQ^T, through the transpose of its buffer
             tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(transpose_smem_view(sdQ))
+        elif cutlass.const_expr(self.swap_dq):
+            # this warpgroup's query columns of dQ^T, through the transpose of the whole tile
+            tdQsdQ = thr_dq.partition_C(transpose_smem_view(sdQ))
         elif cutlass.const_expr(self.dq_halves):
             # this warpgroup's (tm, d / 2) part of dQ, in the half-size staging buffer
             tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(sdQ)

@@ -499,7 +499,9 @@ class BwdTileConfig:
     # dQ^T = K^T dS^T: the warpgroups' 64-row wgmma tiles are dQ's head-dim halves and the
     # query rows are its N, so tile_m need not be a multiple of 64 (FA3's 80-row D=128 tile).
     # Each warpgroup stages its half through a transposed view of its buffer
-    # (dq_half_staging, dq_stages = 2); 32-bit stores, conflict-free under the 128-byte swizzle
+    # (dq_half_staging, dq_stages = 2); 32-bit stores, conflict-free under the 128-byte
+    # swizzle. Without dq_half_staging (a 64-column head dim) the warpgroups split dQ^T's
+    # query columns and stage the whole tile
     dq_swap_ab: bool = False
     # > 0: launch a dense grid in L2 sections (arch/common/schedule.py) of as many (head,
     # batch) pairs as fit this many bytes of Q, dO, lse, D and the dQ accumulator, key tile
@@ -536,7 +538,7 @@ class BwdTileConfig:
             # query rows are the N of S^T / dP^T / dQ^T and the K of dV / dK (16-row steps)
             if self.tile_m % 16 or not 16 <= self.tile_m <= 128:
                 raise ValueError(f"dq_swap_ab takes tile_m {self.tile_m}: 16..128, step 16")
-            if not (self.dq_half_staging and self.dq_stages == 2):
+            if self.dq_half_staging and self.dq_stages != 2:
                 raise ValueError("dq_swap_ab stages each warpgroup's half (dq_stages = 2)")
         elif self.tile_m not in (64, 64 * self.num_mma_warpgroups):
             # dQ's wgmma takes 64 rows per warpgroup: split over rows or over the head dim
@@ -633,9 +635,11 @@ def bwd_tile_config(
     local: bool,
     softcap: bool = False,
     deterministic: bool = False,
+    group_heads: bool = False,
 ) -> BwdTileConfig:
-    """Backward tuning table; pure function of static problem features."""
-    cfg = _bwd_tiles(head_dim, head_dim_v, causal, local, softcap, deterministic)
+    """Backward tuning table; pure function of static problem features (`group_heads`: the
+    GQA form whose CTA walks a KV head's query heads, chosen by bwd_group_heads)."""
+    cfg = _bwd_tiles(head_dim, head_dim_v, causal, local, softcap, deterministic, group_heads)
     # L2 sections under the causal mask (BwdTileConfig.l2_section_bytes; key tile 0 of every
     # pair in a section first). Round-robin, ms, base / sections of 32 MiB
     # (tune_bwd_l2sec_h200.json, tune_bwd_l2sec_b_h200.json): D=128 4k 1.451 / 1.415, 1k 0.530
@@ -659,6 +663,7 @@ def _bwd_tiles(
     local: bool,
     softcap: bool,
     deterministic: bool,
+    group_heads: bool = False,
 ) -> BwdTileConfig:
     """The backward table's tile shape, stages and dQ staging."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
@@ -688,7 +693,8 @@ def _bwd_tiles(
         # The D = 128 tile below (80 rows, dQ^T), against the 64-row one (H100, round-robin,
         # TFLOP/s, 64 rows / 64 rows with dQ^T / 80 rows with dQ^T, tune_bwd_m80_d96_h100.json):
         # 16k 461 / 464 / 477, 4k causal 382 / 384 / 386, 1k 330 / 338 / 344.
-        return dataclasses.replace(_bwd_d128_tile(), padded_head_dim=128)
+        tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle)
+        return dataclasses.replace(tile, padded_head_dim=128)
     if head_dim > 128:
         # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
         # BWD_HEAD_DIMS). Two Q stages with dQ staged in halves; dO gets two stages where it
@@ -709,24 +715,30 @@ def _bwd_tiles(
         )  # fmt: skip
     if head_dim <= 64:
         # D=64 with softcap or a left window: 64 x 128 with dQ = dS K (dq_swap_ab splits a
-        # 128-column head dim). Its GPU tests ran this staging, its speed was not timed. The
-        # tile was D=128's until the 80-row one (_bwd_d128_tile), measured there:
-        # split_mask_loops (bench_bwd_h200_v0.json, on / off): 16k causal 566 / 563, 4k causal 481 /
-        # 479, 1k causal 327 / 328: within noise, off (it doubles the main loop's code). dQ staged
-        # per warpgroup: each stages its head-dim half in a buffer of its own and hands it to the
-        # writer on its own barriers (the same 32 KB as one whole-tile buffer), so neither waits for
-        # the other's half. Two round-robin runs, TFLOP/s, whole tile / per warpgroup
-        # (tune_bwd_d128_dq_h200.json, tune_bwd_d128_sw_h200.json): 16k 561 / 558 and 566 / 564, 16k
-        # causal 581 / 592 and 574 / 592, 4k 545 / 556 and 529 / 547, 1k causal 330 / 335, 1k 434 /
-        # 443; with the 64- or 128-byte swizzle it lost (16k causal 535, 536). Deterministic, whole
-        # tile / alternating whole tiles / per warpgroup (128-byte swizzle): 16k 502 / 540 / 549,
-        # 16k causal 481 / 504 / 526, 4k 450 / 461 / 475, 1k causal 294 / 307 / 305.
-        return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
-    return _bwd_d128_tile()
+        # 128-column head dim). Its GPU tests ran this staging, its speed was not timed.
+        return _bwd_64_rows(dq_swizzle)
+    return _bwd_d128_tile(softcap, group_heads, dq_swizzle)
 
 
-def _bwd_d128_tile() -> BwdTileConfig:
-    """D = 128 (and D = 96 over zero-filled columns), every mask and order.
+def _bwd_64_rows(dq_swizzle: int) -> BwdTileConfig:
+    """64 x 128 with dQ = dS K, each warpgroup staging its head-dim half."""
+    # D=128's tile until the 80-row one (_bwd_d128_tile), measured there: split_mask_loops
+    # (bench_bwd_h200_v0.json, on / off): 16k causal 566 / 563, 4k causal 481 / 479, 1k causal 327 /
+    # 328: within noise, off (it doubles the main loop's code). dQ staged per warpgroup: each stages
+    # its head-dim half in a buffer of its own and hands it to the writer on its own barriers (the
+    # same 32 KB as one whole-tile buffer), so neither waits for the other's half. Two round-robin
+    # runs, TFLOP/s, whole tile / per warpgroup (tune_bwd_d128_dq_h200.json,
+    # tune_bwd_d128_sw_h200.json): 16k 561 / 558 and 566 / 564, 16k causal 581 / 592 and 574 / 592,
+    # 4k 545 / 556 and 529 / 547, 1k causal 330 / 335, 1k 434 / 443; with the 64- or 128-byte
+    # swizzle it lost (16k causal 535, 536). Deterministic, whole tile / alternating whole tiles /
+    # per warpgroup (128-byte swizzle): 16k 502 / 540 / 549, 16k causal 481 / 504 / 526, 4k 450 /
+    # 461 / 475, 1k causal 294 / 307 / 305.
+    return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
+
+
+def _bwd_d128_tile(softcap: bool, group_heads: bool, dq_swizzle: int) -> BwdTileConfig:
+    """D = 128 (and D = 96 over zero-filled columns), every mask and order; softcap and
+    group_heads excepted (below).
 
     80 x 128 with dQ^T = K^T dS^T (dq_swap_ab; FA3's non-causal D=128 tile). Round-robin on an
     H100 SXM (the lent machine of that session), TFLOP/s, 64 rows (the old table) / 64 rows
@@ -734,16 +746,22 @@ def _bwd_d128_tile() -> BwdTileConfig:
     (tune_bwd_m80_h100.json): 16k 548 / 589 / 614 / 545, 4k 499 / 527 / 544 / 494, 1k 393 /
     414 / 422 / 389, 16k causal 544 / 585 / 605 / 541, 4k causal 452 / 488 / 489 / 442, 1k
     causal 280 / 305 / 298 / 272. Same gradients (err columns). GQA 32/8 (per query head +
-    sum; 4 x 4k): 514 / 542 / 559, causal (grouped) 447 / 484 / 480
+    torch sum, 4 x 4k): 514 / 542 / 559, causal 447 / 484 / 480
     (tune_bwd_m80_d96_h100.json). Deterministic (tune_bwd_m80_det_h100.json): 16k 549 / 554
     / 618, 4k causal 453 / 467 / 483, 1k 358 / 367 / 380. The swapped dQ accumulator's
     rows are head dims, so each thread's two adjacent elements are two query rows of the
     staging tile: 32-bit stores, conflict-free only under the 128-byte swizzle (the 32-byte
-    one, which is what the unswapped 64-bit stores need, loses 8-11%). The 80-row tile
-    loses only at 1k causal (-2%), kept for one variant everywhere. The tile fills the smem
+    one, which is what the unswapped 64-bit stores need, loses 8-11%). Against the 64-row
+    dQ^T the 80-row tile loses at 1k causal (-2.4%) and GQA 4k causal (-0.9%) only; one
+    variant everywhere (the key has no length bucket for it). The tile fills the smem
     (231,936 B of 232,448) and 240 registers without spills.
 
-    Before: 64 x 128 with dQ = dS K (still D=64's tile under softcap or a left window)."""
+    Under softcap (its tanh derivative) and group_heads (the head loop) the 80-row tile
+    spills (26 and 7-10 spill instructions in bf16): those keep the 64-row dQ = dS K tile,
+    measured and GPU-tested in those forms. The 64-row dQ^T compiles spill-free there too
+    but has not run on a GPU in them (the tunes' GQA rows above are per query head)."""
+    if softcap or group_heads:
+        return _bwd_64_rows(dq_swizzle)
     return BwdTileConfig(
         tile_m=80, dq_swap_ab=True, dq_swizzle=128, dq_half_staging=True, dq_stages=2
     )
