@@ -310,8 +310,8 @@ def test_bwd_dq_staging_where_measured():
             assert not cfg.dq_swap_ab and cfg.dq_swizzle == (128 if det else 32), cfg
     with pytest.raises(ValueError, match="dq_swizzle"):
         BwdTileConfig(dq_swizzle=16)
-    # dQ^T needs each warpgroup's half staged on its own, query rows in 16-row steps, and
-    # splits the head dim itself (not with dkv_swap_ab)
+    # dQ^T in head-dim halves needs a buffer per warpgroup; query rows go in 16-row steps;
+    # it does not combine with dkv_swap_ab (which splits dQ's head dim its own way)
     half = dict(dq_half_staging=True, dq_stages=2)
     assert BwdTileConfig(tile_m=80, dq_swap_ab=True, **half).tile_m == 80
     with pytest.raises(ValueError, match="dq_stages = 2"):
