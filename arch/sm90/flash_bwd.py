@@ -21,7 +21,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     or, swapped (BwdTileConfig.dq_swap_ab, the table's D = 96 / 128 tile of 80 query rows),
         dQ^T = K^T dS^T                                 (wgmma SS: 64 head dims a warpgroup,
                                                          the query rows as N, any multiple of 16)
-    staged through the transpose of each warpgroup's half buffer (32-bit stores);
+    staged through the transpose of each warpgroup's half buffer (32-bit stores); at D = 64
+    (built, not in the table) the warpgroups split dQ^T's query columns instead;
     masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
     tile can see are never visited;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
@@ -210,9 +211,9 @@ class FlashBwdSm90:
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)
         self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups and not cfg.dq_swap_ab
-        # or dQ^T = K^T dS^T, whose 64-row tiles are the head-dim halves (BwdTileConfig)
-        # (D = 128: the warpgroups' head-dim halves, dq_half_staging), or at D = 64 the
-        # warpgroups split dQ^T's query columns and stage the whole tile
+        # or dQ^T = K^T dS^T (BwdTileConfig.dq_swap_ab): at D = 128 its 64-row tiles are the
+        # warpgroups' head-dim halves (dq_half_staging); at D = 64 the warpgroups split its
+        # query columns and stage the whole tile
         self.swap_dq = cfg.dq_swap_ab
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
