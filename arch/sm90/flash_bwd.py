@@ -200,8 +200,6 @@ class FlashBwdSm90:
         if smem > SMEM_BYTES_SM90:
             raise ValueError(f"tile config needs {smem} B of smem > {SMEM_BYTES_SM90}")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
-        # fp32 elements from one stage of the lse / D row vectors to the next (128 bytes apart)
-        self.row_stage_stride = -(-cfg.tile_m // 32) * 32
         self.num_stages = cfg.num_stages
         self.do_stages = cfg.do_stages
         # dQ staging (BwdTileConfig.dq_half_staging / dq_stages): the whole tile in one buffer,
@@ -339,9 +337,10 @@ class FlashBwdSm90:
         tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
         tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, d))
         # per-row statistics ride with Q (lse) and dO (D): one 1-D TMA tile each
-        # each stage 128-byte aligned, as a TMA destination must be (80-row tiles: 320 B)
-        sLSE_layout = cute.make_layout((tm, stages), stride=(1, self.row_stage_stride))
-        sDsum_layout = cute.make_layout((tm, do_stages), stride=(1, self.row_stage_stride))
+        # each stage 128-byte aligned (BwdTileConfig.row_stage_stride)
+        rs = self.config.row_stage_stride
+        sLSE_layout = cute.make_layout((tm, stages), stride=(1, rs))
+        sDsum_layout = cute.make_layout((tm, do_stages), stride=(1, rs))
         tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(
             tma_load, mLSE, cute.make_layout(tm), (tm,)
         )
@@ -818,7 +817,7 @@ class FlashBwdSm90:
 
         # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
         # through a (tn, tm, stages) view that ignores the key index (stride 0)
-        rs = self.row_stage_stride
+        rs = self.config.row_stage_stride
         sLSE_st = cute.make_tensor(
             sLSE.iterator, cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, rs))
         )

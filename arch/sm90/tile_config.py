@@ -556,6 +556,12 @@ class BwdTileConfig:
             return -(-head_dim // m) * m, -(-head_dim_v // m) * m
         return head_dim, head_dim_v
 
+    @property
+    def row_stage_stride(self) -> int:
+        """fp32 elements from one smem stage of the lse / D row vectors to the next: tile_m
+        rounded up to 128 bytes, as a TMA destination must be aligned (80 rows: 320 B)."""
+        return -(-self.tile_m // 32) * 32
+
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         head_dim, head_dim_v = self.tile_head_dims(head_dim, head_dim_v)
         sq, sdo = self.num_stages, self.do_stages
@@ -566,7 +572,7 @@ class BwdTileConfig:
         ds = (sq + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
         # fp32 staging for the dQ reduce-add
         dq = self.dq_stages * self.tile_m * head_dim * 4 // (1 + self.dq_half_staging)
-        rows = (sq + sdo) * -(-self.tile_m // 32) * 32 * 4  # lse and D, 128-byte stages
+        rows = (sq + sdo) * self.row_stage_stride * 4  # lse and D per query row
         return q + do + kv + ds + dq + rows + 1024
 
 
