@@ -95,10 +95,11 @@ def parse_override(text: str) -> tuple[dict, bool, bool]:
     return out, det, group
 
 
-def problem(q, k, v, causal, deterministic=False):
+def problem(q, k, v, causal, deterministic=False, mask=None):
+    mask = mask or dict(window_size=(None, None), softcap=0.0)
     return validation.validate_dense(
-        q, k, v, softmax_scale=None, causal=causal, window_size=(None, None), softcap=0.0,
-        num_splits=0, pack_gqa=None, deterministic=deterministic,
+        q, k, v, softmax_scale=None, causal=causal, num_splits=0, pack_gqa=None,
+        deterministic=deterministic, **mask,
     )  # fmt: skip
 
 
@@ -114,7 +115,13 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="tune_bwd.json")
+    ap.add_argument("--softcap", type=float, default=0.0, help="every shape and variant")
+    ap.add_argument("--window", default=None, help="LEFT,RIGHT for every shape (-1: none)")
     args = ap.parse_args()
+    win = (None, None)
+    if args.window:
+        win = tuple(None if int(x) < 0 else int(x) for x in args.window.split(","))
+    mask = dict(window_size=win, softcap=args.softcap)
     variants = [v.split("=", 1) for v in (args.variant or ["base="])]
     rows = []
     torch.manual_seed(0)
@@ -127,21 +134,21 @@ def main():
         hkv = hkv or h
         # the small check problem: odd lengths, every mask corner of the variant's code
         small = [rnd(2, 333, h, d), rnd(2, 301, hkv, d), rnd(2, 301, hkv, d)]
-        ref_o, ref_lse = attention_ref(*small, causal=causal)
+        ref_o, ref_lse = attention_ref(*small, causal=causal, **mask)
         do_small = rnd(*ref_o.shape)
         ref_g = attention_ref_backward(
-            *(t.float() for t in small), ref_o, ref_lse, do_small.float(), causal=causal
+            *(t.float() for t in small), ref_o, ref_lse, do_small.float(), causal=causal, **mask
         )
         big = [rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d)]
-        p_big = problem(*big, causal)
+        p_big = problem(*big, causal, mask=mask)
         o_big, lse_big = run_fwd(*big, p_big)
         do_big = rnd(*o_big.shape)
-        flops = 2.5 * 4 * b * h * d * visible_pairs(s, s, causal)
+        flops = 2.5 * 4 * b * h * d * visible_pairs(s, s, causal, win)
         live = []
         for name, ov in variants:
             try:
                 overrides, det, group = parse_override(ov)
-                p_small = problem(*small, causal, det)
+                p_small = problem(*small, causal, det, mask)
                 key, cfg = variant_key(p_small, overrides, group)
                 o_s, lse_s = run_fwd(*small, p_small)
                 g = run_bwd(*small, o_s, lse_s, do_small, p_small, key=key)

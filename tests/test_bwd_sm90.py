@@ -384,7 +384,7 @@ def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
 
 
 _DQ_SWIZZLE_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
+import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
@@ -393,8 +393,6 @@ out = {}
 for name in ("False", "True", "d64"):
     det, d = name == "True", 64 if name == "d64" else 128
     cfg = bwd_tile_config(d, d, True, False, deterministic=det)
-    if name == "d64":  # not the table's: dQ^T with the warpgroups splitting its query columns
-        cfg = dataclasses.replace(cfg, dq_swap_ab=True, dq_swizzle=128)
     spec = BwdSpec("bfloat16", d, d, 8, 8, False, True, False, cfg, deterministic=det)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
     spills = sass.count("STL") + sass.count("LDL")
@@ -431,9 +429,9 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
         assert v["shapes"] == {"64x80x16": 16, "64x80x16 tnspA": 8, "64x128x16": 10}, r
         assert v["sts32"] >= 40, r
     assert default["reduces"] == det["reduces"] > 0, r
-    # D=64 (a variant the table does not take yet: built, not measured): one 64-row head-dim
-    # tile whose query columns the warpgroups split (64 x 64 wgmmas, two loops under the
-    # split mask), the whole tile handed over at once in two 128-byte-swizzled boxes
+    # D=64 (the table's 128-row tile): one 64-row head-dim tile whose query columns the
+    # warpgroups split (64 x 64 wgmmas, two loops under the split mask), the whole tile
+    # handed over at once in two 128-byte-swizzled boxes
     d64 = r["d64"]
     assert d64["tile"] == [128, True] and d64["spills"] == 0, r
     assert d64["shapes"] == {"64x128x16": 16, "64x64x16": 32, "64x64x16 tnspA": 16}, r

@@ -274,8 +274,8 @@ def test_fwd_persistent_where_measured():
 
 def test_bwd_split_mask_loops_where_measured():
     # on for the D=64 128-row tile under the causal mask (measured +2% at 4k / 16k causal;
-    # unmasked it spills), off at D=128 (neutral) and for the D=64 64-row tile of windows and
-    # softcap (not measured)
+    # unmasked it spills), off at D=128 (neutral), for the D=64 64-row tile of softcap (57
+    # spill instructions at 128 rows) and under windows (not measured)
     from cute_attn.arch.sm90.tile_config import bwd_tile_config
 
     assert bwd_tile_config(64, 64, True, False).split_mask_loops
@@ -290,9 +290,12 @@ def test_bwd_dq_staging_where_measured():
     # D=96 / 128: 80 query rows with dQ^T = K^T dS^T, whose 32-bit staging stores are
     # conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
     # tune_bwd_m80_h100.json), every mask and order; under softcap or group_heads that tile
-    # spills, so those keep the 64-row dQ = dS K tile. That one and D=64 take the 32-byte
-    # swizzle (conflict-free 64-bit stores) except in the deterministic order, whose waits on
-    # each dQ add measured faster with the 128-byte swizzle's wider TMA boxes
+    # spills: group_heads takes 64 rows with dQ^T (+12% MQA, tune_bwd_grp_d128_h200.json),
+    # softcap the 64-row dQ = dS K tile (dQ^T within 1.6% either way). D=64: 128 rows with
+    # dQ^T (+2-7%, tune_bwd_d64_swap_h200.json), windows included (+10% over its old 64-row
+    # tile); softcap keeps 64 rows with dQ = dS K. dQ = dS K takes the 32-byte swizzle
+    # (conflict-free 64-bit stores) except in the deterministic order, whose waits on each dQ
+    # add measured faster with the 128-byte swizzle's wider TMA boxes; dQ^T the 128-byte one
     from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
 
     for causal, local, softcap in ((False, False, False), (True, False, False),
@@ -301,13 +304,19 @@ def test_bwd_dq_staging_where_measured():
             for d in (96, 128):
                 cfg = bwd_tile_config(d, d, causal, local, softcap, det, group)
                 assert (cfg.dq_half_staging, cfg.dq_stages) == (True, 2), cfg
-                if softcap or group:
+                if softcap:
                     assert (cfg.tile_m, cfg.dq_swap_ab) == (64, False), cfg
                     assert cfg.dq_swizzle == (128 if det else 32), cfg
+                elif group:
+                    assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (64, True, 128), cfg
                 else:
                     assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (80, True, 128), cfg
             cfg = bwd_tile_config(64, 64, causal, local, softcap, det, group)
-            assert not cfg.dq_swap_ab and cfg.dq_swizzle == (128 if det else 32), cfg
+            if softcap:
+                assert (cfg.tile_m, cfg.dq_swap_ab) == (64, False), cfg
+                assert cfg.dq_swizzle == (128 if det else 32), cfg
+            else:
+                assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (128, True, 128), cfg
     with pytest.raises(ValueError, match="dq_swizzle"):
         BwdTileConfig(dq_swizzle=16)
     # dQ^T in head-dim halves needs a buffer per warpgroup; query rows go in 16-row steps;

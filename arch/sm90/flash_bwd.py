@@ -18,11 +18,12 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
         dV += P^T dO, dK += dS^T Q                      (wgmma RS: P^T, dS^T from registers)
         dQ  = dS K                                      (wgmma SS: dS through smem, both
                                                          warpgroups' keys, split along D)
-    or, swapped (BwdTileConfig.dq_swap_ab, the table's D = 96 / 128 tile of 80 query rows),
+    or, swapped (BwdTileConfig.dq_swap_ab: the table's D = 96 / 128 tile of 80 query rows,
+    64 rows under group_heads, and D = 64's 128 rows),
         dQ^T = K^T dS^T                                 (wgmma SS: 64 head dims a warpgroup,
                                                          the query rows as N, any multiple of 16)
     staged through the transpose of each warpgroup's half buffer (32-bit stores); at D = 64
-    (built, not in the table) the warpgroups split dQ^T's query columns instead;
+    the warpgroups split dQ^T's query columns instead and stage the whole tile;
     masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
     tile can see are never visited;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by

@@ -680,16 +680,27 @@ def _bwd_tiles(
     # and the 32-byte swizzle's 8-float TMA boxes (4x as many) make that wait longer: 403 /
     # 508 at D=128 16k causal, 348 / 394 at D=64 4k, so it keeps the 128-byte swizzle.
     dq_swizzle = 128 if deterministic else 32
-    if head_dim <= 64 and not softcap and not local:
+    if head_dim <= 64 and not softcap:
         # 128 query rows per iteration (FA3's D=64 shape): the S^T / dP^T wgmmas get N = 128
         # instead of 64. bench_bwd_d64_h200.json: 0.88-0.94x FA4 with it (0.28-0.68x in
-        # bench_bwd_h200_v0.json with 64 rows, before the other v1 changes). With softcap or a
-        # left window the mask/tanh registers make ptxas spill 2, so those keep 64 rows.
+        # bench_bwd_h200_v0.json with 64 rows, before the other v1 changes). With softcap the
+        # tanh registers make ptxas spill 2 (57 with split_mask_loops), so it keeps 64 rows.
+        # Windows took 64 rows too until dQ^T (below), with which 128 rows compile without
+        # spills there; window (1024, 0), round-robin, TFLOP/s, 64 rows / 64 rows dQ^T / 128
+        # rows dQ^T (tune_bwd_win_d64_h200.json): 4k 330 / 327 / 360, 16k 334 / 337 / 371.
         # split_mask_loops on under the causal mask (tune_bwd_causal_h200.json, round-robin,
         # TFLOP/s, on / off): 16k causal 497 / 485, 4k causal 425 / 417; deterministic 477 /
         # 472, 415 / 411. Without a mask it has nothing to split and its second loop copy makes
         # ptxas spill 6 registers: off there.
-        return BwdTileConfig(tile_m=128, split_mask_loops=causal, dq_swizzle=dq_swizzle)
+        # dQ^T = K^T dS^T (dq_swap_ab; the warpgroups split its 128 query columns) staged
+        # with the 128-byte swizzle, against dQ = dS K (tune_bwd_d64_swap_h200.json,
+        # round-robin, TFLOP/s, dQ / dQ^T): 16k 490 / 499, 16k causal 491 / 498, 4k 459 /
+        # 470, 4k causal 421 / 432, 1k 383 / 395, 1k causal 278 / 290; deterministic
+        # (tune_bwd_d64_swap_det_h200.json) 16k causal 463 / 495, 4k 411 / 431. Same
+        # gradients (err columns).
+        return BwdTileConfig(
+            tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True
+        )
     if head_dim == 96:
         # the D = 128 kernel over zero-filled columns (see BWD_HEAD_DIMS): a third more MMA
         # work than D = 96 needs; gmem traffic is the tensors' own (TMA reads 96 columns).
@@ -720,8 +731,10 @@ def _bwd_tiles(
             dkv_swap_ab=True, dq_half_staging=True, padded_head_dim=pad, dq_swizzle=128,
         )  # fmt: skip
     if head_dim <= 64:
-        # D=64 with softcap or a left window: 64 x 128 with dQ = dS K (dq_swap_ab splits a
-        # 128-column head dim). Its GPU tests ran this staging, its speed was not timed.
+        # D=64 with softcap: 64 x 128 with dQ = dS K, each warpgroup staging its 32-column
+        # head-dim half. dQ^T on these 64 rows (the warpgroups split its query columns) did not
+        # pay (tune_bwd_sc_d64_h200.json, softcap 30, round-robin, TFLOP/s, dQ / dQ^T): 4k
+        # 413 / 404, 4k causal 373 / 373.
         return _bwd_64_rows(dq_swizzle)
     return _bwd_d128_tile(softcap, group_heads, dq_swizzle)
 
@@ -763,11 +776,16 @@ def _bwd_d128_tile(softcap: bool, group_heads: bool, dq_swizzle: int) -> BwdTile
     (231,936 B of 232,448) and 240 registers without spills.
 
     Under softcap (its tanh derivative) and group_heads (the head loop) the 80-row tile
-    spills (26 and 7-10 spill instructions in bf16): those keep the 64-row dQ = dS K tile,
-    measured and GPU-tested in those forms. The 64-row dQ^T compiles spill-free there too
-    but has not run on a GPU in them (the tunes' GQA rows above are per query head)."""
-    if softcap or group_heads:
+    spills (26 and 7-10 spill instructions in bf16); the 64-row dQ^T does not. With
+    group_heads it beats the 64-row dQ = dS K tile (tune_bwd_grp_d128_h200.json,
+    round-robin, TFLOP/s, dQ / dQ^T): MQA 32/1 4 x 4k causal 277 / 311, GQA 32/8 4 x 4k
+    causal 521 / 524, 16k causal 572 / 568. Under softcap it was within 1.6% either way
+    (tune_bwd_sc_d128_h200.json, softcap 30): 4k 531 / 538, 16k causal 554 / 549, 1k 418 /
+    425, so softcap keeps dQ = dS K, the form its GPU tests ran longest."""
+    if softcap:
         return _bwd_64_rows(dq_swizzle)
+    if group_heads:
+        return BwdTileConfig(dq_swap_ab=True, dq_swizzle=128, dq_half_staging=True, dq_stages=2)
     return BwdTileConfig(
         tile_m=80, dq_swap_ab=True, dq_swizzle=128, dq_half_staging=True, dq_stages=2
     )
