@@ -784,8 +784,7 @@ def _bwd_d128_tile(softcap: bool, group_heads: bool, dq_swizzle: int) -> BwdTile
     425, so softcap keeps dQ = dS K, the form its GPU tests ran longest."""
     if softcap:
         return _bwd_64_rows(dq_swizzle)
-    if group_heads:
-        return BwdTileConfig(dq_swap_ab=True, dq_swizzle=128, dq_half_staging=True, dq_stages=2)
     return BwdTileConfig(
-        tile_m=80, dq_swap_ab=True, dq_swizzle=128, dq_half_staging=True, dq_stages=2
-    )
+        tile_m=64 if group_heads else 80, dq_swap_ab=True, dq_swizzle=128,
+        dq_half_staging=True, dq_stages=2,
+    )  # fmt: skip
