@@ -152,9 +152,13 @@ def bwd_unsupported_reason(p: AttnProblem, tensors) -> str | None:
 def bwd_kernel_note(p: AttnProblem) -> str | None:
     """What `last_backward_dispatch().reason` adds about the variant: padded head dims."""
     dims = (p.head_dim, p.head_dim_v)
-    tile = BwdTileConfig(*bwd_key(p).tile).tile_head_dims(*dims)
+    cfg = BwdTileConfig(*bwd_key(p).tile)
+    tile = cfg.tile_head_dims(*dims)
     if tile == dims:
-        return None
+        k_cols = cfg.dq_tile_head_dim(p.head_dim)
+        if k_cols == p.head_dim:
+            return None
+        return f"K's tile {k_cols} columns wide for dQ^T, columns past {p.head_dim} zero-filled"
     if p.head_dim == p.head_dim_v:
         return (
             f"head dim {p.head_dim} on the D={tile[0]} tiles, columns past {p.head_dim} zero-filled"

@@ -108,7 +108,8 @@ def test_bwd_wide_gqa_windows(d, dv, h, hkv, window, causal):
 # head-dim family, mask and group size
 GROUPED = [
     ((64, 64), (6, 3), {}), ((64, 64), (6, 2), {"causal": True}),
-    ((96, 96), (6, 3), {"softcap": 5.0}),
+    ((96, 96), (6, 3), {"softcap": 5.0}), ((96, 96), (6, 2), {}),
+    ((96, 96), (6, 1), {"causal": True}),
     ((128, 128), (6, 3), {}), ((128, 128), (6, 1), {"causal": True}),
     ((128, 128), (6, 2), {"window_size": (64, 5)}), ((128, 128), (8, 2), {"softcap": 5.0}),
     ((192, 128), (6, 3), {}), ((256, 256), (6, 2), {}), ((256, 256), (6, 1), {"causal": True}),
@@ -390,8 +391,8 @@ from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
 from cute_attn.arch.sm90.tile_config import bwd_tile_config
 out = {}
-for name in ("False", "True", "d64"):
-    det, d = name == "True", 64 if name == "d64" else 128
+for name in ("False", "True", "d64", "d96"):
+    det, d = name == "True", {"d64": 64, "d96": 96}.get(name, 128)
     cfg = bwd_tile_config(d, d, True, False, deterministic=det)
     spec = BwdSpec("bfloat16", d, d, 8, 8, False, True, False, cfg, deterministic=det)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
@@ -437,6 +438,13 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
     assert d64["shapes"] == {"64x128x16": 16, "64x64x16": 32, "64x64x16 tnspA": 16}, r
     assert d64["reduces"] == 2 and d64["sts32"] >= 64, r
     assert not d64["wg_handoff"] and d64["joint_handoff"], r
+    # D=96 (96 query rows): S^T, dP^T over its own 96 columns (6 k-steps each) and dV, dK as
+    # N = 96 over the 96 rows (6 each); only dQ^T keeps 128 head-dim rows (K's padded tile,
+    # 2 x 64 with a transposed A over the 128 keys: 8)
+    d96 = r["d96"]
+    assert d96["tile"] == [96, True] and d96["spills"] == 0, r
+    assert d96["shapes"] == {"64x96x16": 24, "64x96x16 tnspA": 8}, r
+    assert d96["wg_handoff"] and not d96["joint_handoff"] and d96["reduces"] > 0, r
 
 
 _WIDE_SNIPPET = r"""

@@ -432,13 +432,13 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
 
 
 def test_backward_reason_names_the_padded_head_dim(fake_arch):
-    # D=96 runs the D=128 backward tiles over zero-filled columns, 192 the 256 ones: the
-    # record says so
+    # D=96 pads only K's tile (to 128 columns, for dQ^T), 192 runs the 256 tiles over
+    # zero-filled columns: the record says so
     from cute_attn import bwd_sm90
 
     fake_arch("sm_90a")
     cases = (
-        (96, 96, "head dim 96 on the D=128 tiles"),
+        (96, 96, "K's tile 128 columns wide"),
         (128, 128, None),
         (192, 192, "head dim 192 on the D=256 tiles"),
         (192, 128, "head dims (192, 128) on (256, 128) tiles"),

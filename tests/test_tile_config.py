@@ -287,8 +287,8 @@ def test_bwd_split_mask_loops_where_measured():
 
 
 def test_bwd_dq_staging_where_measured():
-    # D=96 / 128: 80 query rows with dQ^T = K^T dS^T, whose 32-bit staging stores are
-    # conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
+    # D=96 / 128: 80 query rows (96 at D=96) with dQ^T = K^T dS^T, whose 32-bit staging
+    # stores are conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
     # tune_bwd_m80_h100.json), every mask and order; under softcap or group_heads that tile
     # spills: group_heads takes 64 rows with dQ^T (+12% MQA, tune_bwd_grp_d128_h200.json),
     # softcap the 64-row dQ = dS K tile (dQ^T within 1.6% either way). D=64: 128 rows with
@@ -310,7 +310,10 @@ def test_bwd_dq_staging_where_measured():
                 elif group:
                     assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (64, True, 128), cfg
                 else:
-                    assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (80, True, 128), cfg
+                    # D=96's own tiles take 96 rows (+2.4-2.7% at >= 4k over 80,
+                    # tune_bwd_d96_rows*_h200.json)
+                    rows = 96 if d == 96 else 80
+                    assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (rows, True, 128), cfg
             cfg = bwd_tile_config(64, 64, causal, local, softcap, det, group)
             if softcap:
                 assert (cfg.tile_m, cfg.dq_swap_ab) == (64, False), cfg
@@ -348,26 +351,51 @@ def test_row_max_form_where_measured():
         FwdTileConfig(row_max_form=3)
 
 
-def test_bwd_d96_runs_the_padded_d128_tiles():
-    # D=96: the D=128 backward tiles over zero-filled columns (tune_bwd_d96_single_dq_h200.json:
-    # its own tiles with a one-warpgroup dQ lost); the padding changes nothing else
-    from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
+    # D=96, dQ^T tiles: S^T, dP^T, dV and dK over the 96 columns, 96 query rows; only K's smem
+    # tile (dQ^T's A operand, M = 2 x 64) is 128 wide (tune_bwd_d96_own_h200.json,
+    # tune_bwd_d96_rows*_h200.json). Softcap keeps dQ = dS K and with it the padded D=128 tile
+    from cute_attn.arch.sm90.tile_config import (
+        BWD_HEAD_DIMS,
+        SMEM_BYTES_SM90,
+        BwdTileConfig,
+        bwd_tile_config,
+    )
 
     assert (96, 96) in BWD_HEAD_DIMS
-    for causal, det in ((False, False), (True, False), (True, True)):
-        cfg = bwd_tile_config(96, 96, causal, False, deterministic=det)
-        assert cfg.padded_head_dim == 128
+    for causal, local, det in itertools.product((False, True), repeat=3):
+        cfg = bwd_tile_config(96, 96, causal, local, deterministic=det)
+        d128 = bwd_tile_config(128, 128, causal, local, deterministic=det)
+        assert (cfg.padded_head_dim, cfg.dq_head_dim, cfg.tile_m) == (0, 128, 96)
+        assert dataclasses.replace(cfg, dq_head_dim=0, tile_m=80) == d128
+        assert cfg.tile_head_dims(96, 96) == (96, 96)
+        assert cfg.dq_tile_head_dim(96) == 128
+        assert cfg.smem_bytes(96, 96) <= SMEM_BYTES_SM90
+    # group_heads keeps 64 rows (as at D=128), with the same K padding
+    cfg = bwd_tile_config(96, 96, False, False, group_heads=True)
+    assert (cfg.tile_m, cfg.dq_head_dim, cfg.padded_head_dim) == (64, 128, 0)
+    # softcap: the D=128 tile (dQ = dS K) over zero-filled columns
+    for causal in (False, True):
+        cfg = bwd_tile_config(96, 96, causal, False, softcap=True)
+        assert cfg.padded_head_dim == 128 and cfg.dq_head_dim == 0 and not cfg.dq_swap_ab
         assert dataclasses.replace(cfg, padded_head_dim=0) == bwd_tile_config(
-            128, 128, causal, False, deterministic=det
+            128, 128, causal, False, softcap=True
         )
         assert cfg.tile_head_dims(96, 96) == (128, 128)
         assert cfg.smem_bytes(96, 96) == cfg.smem_bytes(128, 128)
     assert bwd_tile_config(128, 128, False, False).tile_head_dims(128, 128) == (128, 128)
+    assert bwd_tile_config(128, 128, False, False).dq_tile_head_dim(128) == 128
     # each head dim rounds up to a multiple of the padding on its own
     assert BwdTileConfig(padded_head_dim=128).tile_head_dims(96, 64) == (128, 128)
     assert BwdTileConfig(padded_head_dim=128).tile_head_dims(192, 128) == (256, 128)
     with pytest.raises(ValueError, match="padded_head_dim 64"):
         BwdTileConfig(padded_head_dim=64)
+    # the K padding is for dQ^T's two head-dim halves only, and not on top of padded tiles
+    with pytest.raises(ValueError, match="dq_head_dim"):
+        BwdTileConfig(dq_head_dim=128)
+    with pytest.raises(ValueError, match="dq_head_dim"):
+        BwdTileConfig(tile_m=80, dq_swap_ab=True, dq_half_staging=True, dq_stages=2,
+                      padded_head_dim=128, dq_head_dim=128)  # fmt: skip
 
 
 def test_bwd_wide_head_dims_take_the_swapped_tiles():
@@ -403,10 +431,11 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             cfg = bwd_tile_config(d, d, causal, local, softcap, det)
             assert not cfg.dkv_swap_ab and cfg.do_stages == 2
             assert cfg.smem_bytes(d, d) <= SMEM_BYTES_SM90
-            # 64 query rows (or 80 with dQ^T) split dQ by head dim: each warpgroup stages its
-            # half in a buffer of its own; D=64's 128-row tile splits dQ by rows, stages it whole
+            # 64 query rows (or 80 / 96 with dQ^T) split dQ by head dim: each warpgroup stages
+            # its half in a buffer of its own; D=64's 128-row dQ^T tile splits its query
+            # columns and stages the tile whole
             assert (cfg.dq_half_staging, cfg.dq_stages) == (
-                (True, 2) if cfg.tile_m in (64, 80) else (False, 1)
+                (True, 2) if cfg.tile_m in (64, 80, 96) else (False, 1)
             )
     with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
         BwdTileConfig(tile_n=128, dkv_swap_ab=True)

@@ -18,8 +18,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
         dV += P^T dO, dK += dS^T Q                      (wgmma RS: P^T, dS^T from registers)
         dQ  = dS K                                      (wgmma SS: dS through smem, both
                                                          warpgroups' keys, split along D)
-    or, swapped (BwdTileConfig.dq_swap_ab: the table's D = 96 / 128 tile of 80 query rows,
-    64 rows under group_heads, and D = 64's 128 rows),
+    or, swapped (BwdTileConfig.dq_swap_ab: the table's D = 128 tile of 80 query rows, D = 96's
+    of 96, 64 rows under group_heads, and D = 64's 128 rows),
         dQ^T = K^T dS^T                                 (wgmma SS: 64 head dims a warpgroup,
                                                          the query rows as N, any multiple of 16)
     staged through the transpose of each warpgroup's half buffer (32-bit stores); at D = 64
@@ -33,8 +33,11 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     semaphore counts them), and waits for its add to land before releasing the next one. The
     fp32 sums then happen in one fixed order: bitwise identical run to run.
   * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
-    multiple of 128 (96 -> 128, 192 -> 256); TMA zero-fills the columns past the tensors' on
-    load and drops them on store / reduce-add.
+    multiple of 128 (96 under softcap -> 128, 192 -> 256); TMA zero-fills the columns past the
+    tensors' on load and drops them on store / reduce-add. With dq_head_dim only K's tile is
+    wider (D = 96: 128 columns, so dQ^T keeps two 64-row head-dim halves); S^T and dP^T then
+    run over the first head_dim columns of K, and dK is staged in K's buffer through a
+    (tile_n, head_dim) layout of its own.
   * head dims past 128 (BwdTileConfig.dkv_swap_ab): 64 keys x 64 query rows. The warpgroups
     split S^T / dP^T by query columns (32 each); P^T and dS go to smem, and
         dV^T += dO^T P, dK^T += Q^T dS                  (wgmma SS, both operands transposed)
@@ -189,6 +192,8 @@ class FlashBwdSm90:
         self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + 4 * self.head_dim + 8
         # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
         self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
+        # K's smem tile and dQ^T's head-dim rows: tile_d, or wider (BwdTileConfig.dq_head_dim)
+        self.tile_dq = cfg.dq_tile_head_dim(self.head_dim)
         self.swap_dkv = cfg.dkv_swap_ab
         rows = 64 * cfg.num_mma_warpgroups
         if self.swap_dkv and (self.tile_d % rows or self.tile_dv % rows):
@@ -217,11 +222,13 @@ class FlashBwdSm90:
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
         swap_d = 64 * cfg.num_mma_warpgroups if cfg.dq_half_staging else 64
-        if self.swap_dq and self.tile_d != swap_d:
+        if self.swap_dq and self.tile_dq != swap_d:
             raise ValueError(
                 f"dq_swap_ab with dq_half_staging={cfg.dq_half_staging} takes head dim"
-                f" {swap_d}, not {self.tile_d}"
+                f" {swap_d}, not {self.tile_dq}"
             )
+        if self.tile_d % 16 or self.tile_dv % 16:
+            raise ValueError(f"tile head dims ({self.tile_d}, {self.tile_dv}): multiples of 16")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -259,6 +266,7 @@ class FlashBwdSm90:
         # (seq, head, batch)
         mLSE, mDsum, mSem = [select_modes(t, [2, 1, 0]) for t in (mLSE, mDsum, mSem)]
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
+        dq_d = self.tile_dq
         nwg = self.config.num_mma_warpgroups
 
         def tiled_mma(a_major, b_major, atom_mnk, tiler_mn, a_rmem):
@@ -305,14 +313,19 @@ class FlashBwdSm90:
         # (d / nwg, tm) transpose under swap_dq)
         tiled_mma_dq_part = tiled_mma_dq  # unused without dq_half_staging
         if cutlass.const_expr(self.swap_dq and self.dq_halves):
-            tiled_mma_dq_part = tiled_mma(MN, K, (1, 1, 1), (d // nwg, tm), False)
+            tiled_mma_dq_part = tiled_mma(MN, K, (1, 1, 1), (dq_d // nwg, tm), False)
         elif cutlass.const_expr(self.dq_halves):
             tiled_mma_dq_part = tiled_mma(K, MN, (1, 1, 1), (tm, d // nwg), False)
 
         stages, do_stages = self.num_stages, self.do_stages
         sQ_layout = smem_layout(self.dtype, tm, d, stages)
         sdO_layout = smem_layout(self.dtype, tm, dv, do_stages)
-        sK_layout = smem_layout(self.dtype, tn, d, None)
+        sK_layout = smem_layout(self.dtype, tn, dq_d, None)
+        # dK's staging in K's buffer for its TMA store: (tn, d), K's own layout unless K's
+        # tile is wider (dq_head_dim)
+        sdK_layout = sK_layout
+        if cutlass.const_expr(dq_d != d):
+            sdK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
         sdS_layout = smem_layout(self.dtype, tm, tn, stages)
         # P^T's 16-bit copy for dV^T under swap_dkv, staged with dO (see mma)
@@ -322,7 +335,7 @@ class FlashBwdSm90:
         # fp32 dQ staging, swizzled as the config says (BwdTileConfig.dq_swizzle)
         dq_atom_kind = DQ_SWIZZLE_ATOMS[self.config.dq_swizzle]
         sdQ_atom = warpgroup.make_smem_layout_atom(dq_atom_kind, Float32)
-        dq_cols = d // nwg if cutlass.const_expr(self.dq_halves) else d
+        dq_cols = dq_d // nwg if cutlass.const_expr(self.dq_halves) else dq_d
         # (tm, dq_cols, dq_stages): with two, a half buffer per warpgroup
         sdQ_layout = cute.tile_to_shape(
             sdQ_atom, (tm, dq_cols, self.config.dq_stages), order=(0, 1, 2)
@@ -336,7 +349,7 @@ class FlashBwdSm90:
 
         tma_atom_Q, tma_Q = tma(tma_load, mQ, sQ_layout, (tm, d))
         tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
-        tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, d))
+        tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, dq_d))
         # per-row statistics ride with Q (lse) and dO (D): one 1-D TMA tile each
         # each stage 128-byte aligned (BwdTileConfig.row_stage_stride)
         rs = self.config.row_stage_stride
@@ -354,7 +367,7 @@ class FlashBwdSm90:
         mdK_store, mdV_store = mdK, mdV
         if cutlass.const_expr(self.varlen):
             mdK_store, mdV_store = ragged_rows(mdK), ragged_rows(mdV)
-        tma_atom_dK, tma_dK = tma(tma_store, mdK_store, sK_layout, (tn, d))
+        tma_atom_dK, tma_dK = tma(tma_store, mdK_store, sdK_layout, (tn, d))
         tma_atom_dV, tma_dV = tma(tma_store, mdV_store, sV_layout, (tn, dv))
         tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
@@ -402,7 +415,7 @@ class FlashBwdSm90:
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, tma_atom_dQ, tma_dQ,
             tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum, mSem,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sdQ_layout,
-            sLSE_layout, sDsum_layout,
+            sdK_layout, sLSE_layout, sDsum_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
             mCuSeqlensQ, mCuSeqlensK,
         ).launch(
@@ -447,6 +460,7 @@ class FlashBwdSm90:
         sdS_layout: cute.ComposedLayout,
         sP_layout: cute.ComposedLayout,
         sdQ_layout: cute.ComposedLayout,
+        sdK_layout: cute.ComposedLayout,
         sLSE_layout: cute.Layout,
         sDsum_layout: cute.Layout,
         softmax_scale_log2: Float32,
@@ -474,6 +488,7 @@ class FlashBwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdK = storage.sK.get_tensor(sdK_layout.outer, swizzle=sdK_layout.inner)  # dK's staging
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = sdS  # unused without swap_dkv
@@ -544,8 +559,8 @@ class FlashBwdSm90:
                 self.mma(
                     tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
                     tma_atom_dK, mdK, tma_atom_dV, mdV,
-                    sQ, sdO, sK, sV, sdS, sP, sdQ, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, mask,
-                    seq, n_block, head, m_min, m_max,
+                    sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                    mask, seq, n_block, head, m_min, m_max,
                     softmax_scale_log2, score_premul, softmax_scale,
                 )  # fmt: skip
 
@@ -584,7 +599,9 @@ class FlashBwdSm90:
         head_kv = head * self.heads_per_cta // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
         qb, kvb = seq.q_batch, seq.kv_batch
-        gK = cute.local_tile(seq.rows_k(mK[None, None, head_kv, kvb]), (tn, d), (n_block, 0))
+        gK = cute.local_tile(
+            seq.rows_k(mK[None, None, head_kv, kvb]), (tn, self.tile_dq), (n_block, 0)
+        )
         gV = cute.local_tile(seq.rows_k(mV[None, None, head_kv, kvb]), (tn, dv), (n_block, 0))
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
@@ -683,7 +700,7 @@ class FlashBwdSm90:
             sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
             gdQ = cute.local_tile(
                 self._padded_rows(mdQacc[None, None, head_q, seq.q_batch], row_off),
-                (self.tile_m, self.tile_d // parts),
+                (self.tile_m, self.tile_dq // parts),
                 (None, None),
             )
             tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
@@ -726,6 +743,7 @@ class FlashBwdSm90:
         sdS: cute.Tensor,
         sP: cute.Tensor,
         sdQ: cute.Tensor,
+        sdK: cute.Tensor,
         sLSE: cute.Tensor,
         sDsum: cute.Tensor,
         pipe_kv: pipeline.PipelineAsync,
@@ -778,7 +796,7 @@ class FlashBwdSm90:
 
         acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
         acc_shape_dq = thr_dq.partition_shape_C(
-            (self.tile_d, tm) if cutlass.const_expr(self.swap_dq) else (tm, self.tile_d)
+            (self.tile_dq, tm) if cutlass.const_expr(self.swap_dq) else (tm, self.tile_d)
         )
         acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C(dk_shape), Float32)
         acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C(dv_shape), Float32)
@@ -857,7 +875,11 @@ class FlashBwdSm90:
                         acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
                         acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
                         pipe_q.consumer_wait(state)
-                        gemm(tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True)
+                        # K's extra zero columns (dq_head_dim) stay out of S^T's k-blocks
+                        gemm(
+                            tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True,
+                            k_blocks=self.tile_d // 16,
+                        )  # fmt: skip
                         # this thread's query columns of lse_log2 / D, read from smem where used
                         # (loading lse into registers here, before the GEMMs, measured no faster:
                         # tune_bwd_lse_dq2_h200.json)
@@ -944,7 +966,7 @@ class FlashBwdSm90:
         else:
             cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         self.epilogue(
-            tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sK, sV,
+            tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sdK, sV,
             acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale,
         )  # fmt: skip
 
@@ -958,7 +980,7 @@ class FlashBwdSm90:
         mdK: cute.Tensor,
         tma_atom_dV: cute.CopyAtom,
         mdV: cute.Tensor,
-        sK: cute.Tensor,
+        sdK: cute.Tensor,  # K's buffer as dK's (tile_n, tile_d) staging
         sV: cute.Tensor,
         acc_dk: cute.Tensor,
         acc_dv: cute.Tensor,
@@ -981,9 +1003,9 @@ class FlashBwdSm90:
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.swap_dkv, num_matrices=4),
             self.dtype,
         )
-        sK_c, sV_c = sK, sV
+        sK_c, sV_c = sdK, sV
         if cutlass.const_expr(self.swap_dkv):
-            sK_c, sV_c = transpose_smem_view(sK), transpose_smem_view(sV)
+            sK_c, sV_c = transpose_smem_view(sdK), transpose_smem_view(sV)
         thr_store_dk = cute.make_tiled_copy_C(store_atom, tiled_mma_dk).get_slice(tidx)
         thr_store_dv = cute.make_tiled_copy_C(store_atom, tiled_mma_dv).get_slice(tidx)
         cute.copy(store_atom, thr_store_dk.retile(r_dk), thr_store_dk.partition_D(sK_c))
@@ -1000,7 +1022,7 @@ class FlashBwdSm90:
                 mdK_head, mdV_head = seq.ragged_rows_k(mdK, head), seq.ragged_rows_k(mdV, head)
             gdK = cute.local_tile(mdK_head, tile_k, (n_block, 0))
             gdV = cute.local_tile(mdV_head, tile_v, (n_block, 0))
-            tdKsdK, tdKgdK = tma_tiles(tma_atom_dK, sK, gdK)
+            tdKsdK, tdKgdK = tma_tiles(tma_atom_dK, sdK, gdK)
             tdVsdV, tdVgdV = tma_tiles(tma_atom_dV, sV, gdV)
             cute.copy(tma_atom_dK, tdKsdK, tdKgdK)
             cute.copy(tma_atom_dV, tdVsdV, tdVgdV)

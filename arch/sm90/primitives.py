@@ -47,13 +47,15 @@ def gemm(
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     zero_init: cutlass.Constexpr[bool],
+    k_blocks: cutlass.Constexpr[int] = 0,
 ):
-    """Issue one warpgroup GEMM over all k-blocks and commit it (no wait)."""
+    """Issue one warpgroup GEMM over all k-blocks (or the first `k_blocks`) and commit it (no
+    wait)."""
     warpgroup.fence()
     # a fresh atom per call: toggling ACCUMULATE on a shared one breaks SSA dominance
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+    for k in cutlass.range_constexpr(k_blocks or cute.size(tCrA.shape[2])):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()

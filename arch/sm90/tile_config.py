@@ -508,6 +508,11 @@ class BwdTileConfig:
     # 0 of every pair in a section first (under a causal mask the longest CTAs); 0: pair after
     # pair, each pair's key tiles in order. Not with the deterministic order (right to left)
     l2_section_bytes: int = 0
+    # 0: dQ^T's head-dim rows are the tiles' head dim. Else (dq_swap_ab with dq_half_staging)
+    # K's smem tile spans this many columns, zero-filled by TMA past the tensor's, so dQ^T =
+    # K^T dS^T keeps its two 64-row wgmma tiles while S^T, dP^T, dV and dK run over the
+    # problem's own head dim (D = 96: a fifth less MMA work than the padded D = 128 tiles)
+    dq_head_dim: int = 0
 
     def __post_init__(self):
         if self.dq_stages not in (1, 2):
@@ -518,6 +523,12 @@ class BwdTileConfig:
             raise ValueError(f"padded_head_dim {self.padded_head_dim} must be 0 or 128")
         if self.dq_swizzle not in (32, 64, 128):
             raise ValueError(f"dq_swizzle {self.dq_swizzle} must be 32, 64 or 128 (bytes)")
+        if self.dq_head_dim and not (self.dq_swap_ab and self.dq_half_staging):
+            raise ValueError(
+                "dq_head_dim pads dQ^T's head-dim halves: needs dq_swap_ab and dq_half_staging"
+            )
+        if self.dq_head_dim and self.padded_head_dim:
+            raise ValueError("dq_head_dim pads K's tile only; padded_head_dim pads every tile")
         if self.dkv_swap_ab and self.dq_swap_ab:
             raise ValueError("dkv_swap_ab splits dQ's head dim already: no dq_swap_ab")
         if self.dkv_swap_ab:
@@ -556,6 +567,10 @@ class BwdTileConfig:
             return -(-head_dim // m) * m, -(-head_dim_v // m) * m
         return head_dim, head_dim_v
 
+    def dq_tile_head_dim(self, head_dim: int) -> int:
+        """The head dim of K's smem tile and of dQ^T's rows (staging, reduce-add boxes)."""
+        return max(self.tile_head_dims(head_dim, head_dim)[0], self.dq_head_dim)
+
     @property
     def row_stage_stride(self) -> int:
         """fp32 elements from one smem stage of the lse / D row vectors to the next: tile_m
@@ -563,25 +578,28 @@ class BwdTileConfig:
         return -(-self.tile_m // 32) * 32
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        dk = self.dq_tile_head_dim(head_dim)
         head_dim, head_dim_v = self.tile_head_dims(head_dim, head_dim_v)
         sq, sdo = self.num_stages, self.do_stages
         q = sq * self.tile_m * head_dim * elem_bytes
         do = sdo * self.tile_m * head_dim_v * elem_bytes
-        kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
+        kv = self.tile_n * (dk + head_dim_v) * elem_bytes
         # dS, and P when dK / dV take it from smem
         ds = (sq + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
         # fp32 staging for the dQ reduce-add
-        dq = self.dq_stages * self.tile_m * head_dim * 4 // (1 + self.dq_half_staging)
+        dq = self.dq_stages * self.tile_m * dk * 4 // (1 + self.dq_half_staging)
         rows = (sq + sdo) * self.row_stage_stride * 4  # lse and D per query row
         return q + do + kv + ds + dq + rows + 1024
 
 
 # Without dkv_swap_ab, dK and dV accumulate in registers as 64 keys x D per warpgroup, twice:
-# D <= 128. D = 96 runs the D = 128 tiles (BwdTileConfig.padded_head_dim): its own tiles would
-# split dQ's head dim over two warpgroups as N = 48, which the MN-major (transposed K) wgmma
-# operand cannot take with a 64-byte swizzle, and 128 query rows (dQ split by rows) need 256 KB
-# of smem. Head dims past 128 take dkv_swap_ab, whose dK^T / dV^T rows split over the two
-# warpgroups in 64-row wgmma tiles: 192 is padded to 256 for that.
+# D <= 128. D = 96 runs its own tiles with dQ^T, whose two 64-row head-dim halves read a
+# 128-column K tile (BwdTileConfig.dq_head_dim); under softcap (dQ = dS K) it runs the D = 128
+# tiles (padded_head_dim): its own would split dQ's head dim over two warpgroups as N = 48,
+# which the MN-major (transposed K) wgmma operand cannot take with a 64-byte swizzle, and 128
+# query rows (dQ split by rows) need 256 KB of smem. Head dims past 128 take dkv_swap_ab,
+# whose dK^T / dV^T rows split over the two warpgroups in 64-row wgmma tiles: 192 is padded to
+# 256 for that.
 BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 # the backward's L2 sections (bwd_tile_config) and the largest GQA group that a causal grid
 # runs grouped (bwd_group_heads)
@@ -702,15 +720,27 @@ def _bwd_tiles(
             tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True
         )
     if head_dim == 96:
-        # the D = 128 kernel over zero-filled columns (see BWD_HEAD_DIMS): a third more MMA
-        # work than D = 96 needs; gmem traffic is the tensors' own (TMA reads 96 columns).
-        # Its own 96-column tiles with dQ on one warpgroup (N = 96) lost to it
-        # (tune_bwd_d96_single_dq_h200.json, round-robin, TFLOP/s, own / padded): 16k 431 /
-        # 449, 16k causal 416 / 440, 4k 415 / 427, 1k 338 / 345; that variant was removed.
-        # The D = 128 tile below (80 rows, dQ^T), against the 64-row one (H100, round-robin,
-        # TFLOP/s, 64 rows / 64 rows with dQ^T / 80 rows with dQ^T, tune_bwd_m80_d96_h100.json):
-        # 16k 461 / 464 / 477, 4k causal 382 / 384 / 386, 1k 330 / 338 / 344.
+        # The D = 128 dQ^T tile (every mask and order but softcap) with S^T, dP^T, dV and dK
+        # over the 96 columns themselves; only K's smem tile, dQ^T's A operand (M = 2 x 64),
+        # is 128 wide with zero columns (dq_head_dim): a fifth less MMA work than the padded
+        # D = 128 tiles. Round-robin, TFLOP/s, 80 rows, own / padded
+        # (tune_bwd_d96_own_h200.json): 16k 528 / 466, 16k causal 503 / 452, 4k 484 / 431, 4k
+        # causal 425 / 387, 1k 362 / 329; same gradients (err columns). Its freed smem and
+        # registers take 96 query rows spill-free, 80 / 96 / 64 rows in two runs
+        # (tune_bwd_d96_rows_h200.json, tune_bwd_d96_rows2_h200.json): 16k 518 / 529 / 499
+        # and 518 / 532, 16k causal 502 / 514 / 498 and 502 / 514, 4k 479 / 493 / 467 and 472 /
+        # 483, 4k causal 407 / 421 / 416 and 417 / 428, 1k 382 / 382 / 375 and 378 / 379;
+        # split_mask_loops on the 96 rows (second run): 16k causal 508, 4k causal 425, so
+        # off. group_heads keeps the
+        # D = 128 choice of 64 rows (not measured at D = 96), softcap (dQ = dS K, whose N = 48
+        # halves the MN-major K operand cannot take) the padded tile. History: the padded D =
+        # 128 kernel had beaten D = 96's own tiles with dQ on one warpgroup (N = 96,
+        # tune_bwd_d96_single_dq_h200.json: 16k 431 / 449), a variant since removed.
         tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle)
+        if tile.dq_swap_ab and not group_heads:
+            return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
+        if tile.dq_swap_ab:
+            return dataclasses.replace(tile, dq_head_dim=128)
         return dataclasses.replace(tile, padded_head_dim=128)
     if head_dim > 128:
         # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
