@@ -218,7 +218,7 @@ def preset_rows(preset: str) -> list[Row]:
     if preset == "fwd-prefill":
         return _prefill_rows()
     if preset == "bwd":
-        # the backward matrix and D=96 (the D=128 kernel over zero-padded columns)
+        # the backward matrix and D=96
         return _prefill_rows("bwd", dims=(64, 96, 128, 256))
     if preset == "decode":
         return _decode_rows()
@@ -236,7 +236,13 @@ def preset_rows(preset: str) -> list[Row]:
             Row(f"fwd b4 s4096 h32/1 d128 mqa{c}", 4, 4096, 4096, 32, 1, 128, 128, causal),
             Row(f"fwd b4 s4096 h10 d192{c}", 4, 4096, 4096, 10, 10, 192, 192, causal),
             Row(f"fwd b4 s4096 h16 d192/128{c}", 4, 4096, 4096, 16, 16, 192, 128, causal),
-        ]
+            Row(f"bwd b4 s4096 h32/8 d96 gqa{c}", 4, 4096, 4096, 32, 8, 96, 96, causal,
+                mode="bwd"),
+            Row(f"bwd b4 s4096 h10 d192{c}", 4, 4096, 4096, 10, 10, 192, 192, causal,
+                mode="bwd"),
+            Row(f"bwd b4 s4096 h16 d192/128{c}", 4, 4096, 4096, 16, 16, 192, 128, causal,
+                mode="bwd"),
+        ]  # fmt: skip
     rows += [
         Row("fwd b2 s8192 h16 d128 window(1024,0)", 2, 8192, 8192, 16, 16, 128, 128,
             window=(1024, 0)),

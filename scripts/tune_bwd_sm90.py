@@ -54,6 +54,7 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d256-1k": (16, 1024, 8, 256, False),
     "d256-1k-causal": (16, 1024, 8, 256, True),
     "d192-4k": (4, 4096, 10, 192, False),
+    "d192-4k-causal": (4, 4096, 10, 192, True),
     # GQA (32 query heads over 8 KV heads, a 6th field) and MQA, for group_heads
     "gqa-d128-16k-causal": (1, 16384, 32, 128, True, 8),
     "gqa-d128-4k": (4, 4096, 32, 128, False, 8),

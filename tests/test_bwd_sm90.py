@@ -56,7 +56,8 @@ def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
 
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 300), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
-# 96: the D=128 tiles, zero-padded; past 128 the swapped dK / dV tiles (192 padded to 256)
+# 96: its own tiles, K padded to 128 (softcap: the D=128 tiles, zero-padded); past 128 the
+# swapped dK / dV tiles (192 padded to 256)
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 
 
@@ -453,26 +454,36 @@ os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
 from cute_attn.arch.sm90.tile_config import bwd_tile_config
-cfg = bwd_tile_config(256, 256, True, False)
-spec = BwdSpec("bfloat16", 256, 256, 8, 8, False, True, False, cfg)
-sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-shapes = {}
-for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
-    key = shape + (" tnspA" if "tnspA" in rest else "")
-    shapes[key] = shapes.get(key, 0) + 1
-print(json.dumps({"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
-                  "shapes": shapes, "swap": cfg.dkv_swap_ab}))
+out = {}
+for d, dv in ((256, 256), (192, 128)):
+    cfg = bwd_tile_config(d, dv, True, False)
+    spec = BwdSpec("bfloat16", d, dv, 8, 8, False, True, False, cfg)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    shapes = {}
+    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
+        key = shape + (" tnspA" if "tnspA" in rest else "")
+        shapes[key] = shapes.get(key, 0) + 1
+    out[f"{d}-{dv}"] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                        "shapes": shapes, "swap": cfg.dkv_swap_ab}
+print(json.dumps(out))
 """
 
 
 @pytest.mark.compile
 def test_bwd_wide_head_dim_builds_the_swapped_gemms(tmp_path):
     # D=256 causal: S^T / dP^T as 64 x 32 per warpgroup (the query split), dK^T / dV^T as
-    # 64 x 64 wgmmas with both smem operands transposed, dQ as 64 x 128; no spills
-    r = run_json_snippet(_WIDE_SNIPPET, tmp_path, timeout=900)
+    # 64 x 64 wgmmas with both smem operands transposed, dQ as 64 x 128; no spills. The same
+    # at (192, 128) over its zero-filled columns, which S^T / dP^T skip
+    out = run_json_snippet(_WIDE_SNIPPET, tmp_path, timeout=900)
+    r, r192 = out["256-256"], out["192-128"]
     if not r["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
     assert r["swap"] and r["spills"] == 0, r
     # per k-step of 16: S^T and dP^T over D = 256 (16 each), dV^T and dK^T over the 64 query
     # rows in two 64-row head-dim tiles (8 each), dQ over the 64 keys (4)
     assert r["shapes"] == {"64x32x16": 32, "64x64x16 tnspA": 16, "64x128x16": 4}, r
+    # (192, 128) on (256, 128) tiles: S^T's k-steps stop at the tensors' 192 columns (12) and
+    # dP^T's at 128 (8); dK^T keeps its two padded 64-row tiles (the warpgroups' turns), dV^T
+    # has one (4 + 4 + 4)
+    assert r192["swap"] and r192["spills"] == 0, r192
+    assert r192["shapes"] == {"64x32x16": 20, "64x64x16 tnspA": 12, "64x128x16": 4}, r192

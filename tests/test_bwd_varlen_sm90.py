@@ -111,7 +111,7 @@ def test_varlen_bwd_gqa_windows(h, hkv, window, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("hkv,kw", [(2, {}), (1, {"causal": True}), (3, {"deterministic": True})])
 def test_varlen_bwd_group_heads(grouped_heads, d, hkv, kw):
     # a CTA per KV head walking its query heads (forced; see conftest.grouped_heads)

@@ -227,8 +227,9 @@ class FlashBwdSm90:
                 f"dq_swap_ab with dq_half_staging={cfg.dq_half_staging} takes head dim"
                 f" {swap_d}, not {self.tile_dq}"
             )
-        if self.tile_d % 16 or self.tile_dv % 16:
-            raise ValueError(f"tile head dims ({self.tile_d}, {self.tile_dv}): multiples of 16")
+        if self.head_dim % 16 or self.head_dim_v % 16:
+            # S^T and dP^T take k-steps of 16 over the tensors' own head dims
+            raise ValueError(f"head dims ({self.head_dim}, {self.head_dim_v}): multiples of 16")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -875,17 +876,21 @@ class FlashBwdSm90:
                         acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
                         acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
                         pipe_q.consumer_wait(state)
-                        # K's extra zero columns (dq_head_dim) stay out of S^T's k-blocks
+                        # zero-filled columns (padded_head_dim, dq_head_dim) stay out of
+                        # the k-blocks of S^T and dP^T: only the tensors' own head dims
                         gemm(
                             tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True,
-                            k_blocks=self.tile_d // 16,
+                            k_blocks=self.head_dim // 16,
                         )  # fmt: skip
                         # this thread's query columns of lse_log2 / D, read from smem where used
                         # (loading lse into registers here, before the GEMMs, measured no faster:
                         # tune_bwd_lse_dq2_h200.json)
                         t_lse = self._query_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
                         pipe_do.consumer_wait(state_do)
-                        gemm(tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do], True)
+                        gemm(
+                            tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do],
+                            True, k_blocks=self.head_dim_v // 16,
+                        )  # fmt: skip
                         warpgroup.wait_group(1)
                         # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
                         if cutlass.const_expr(self.has_softcap):

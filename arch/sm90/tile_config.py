@@ -481,7 +481,8 @@ class BwdTileConfig:
     # 0: the tiles span the problem's head dims. Else each head dim of the tiles (smem, TMA
     # boxes, wgmma M / N) is the tensor's rounded up to a multiple of this: TMA fills the
     # columns past a tensor's head dim with zeros on every load and drops them on every store
-    # and reduce-add, so the extra products are exact zeros that never reach memory
+    # and reduce-add, so the extra products are exact zeros that never reach memory. S^T and
+    # dP^T, whose k-steps run over the head dims, stop at the tensors' own
     padded_head_dim: int = 0
     # dK^T += Q^T dS and dV^T += dO^T P (both operands from smem, P staged there too): the
     # accumulators hold head-dim rows split over the warpgroups (64 x tile_n per warpgroup
@@ -731,16 +732,17 @@ def _bwd_tiles(
         # and 518 / 532, 16k causal 502 / 514 / 498 and 502 / 514, 4k 479 / 493 / 467 and 472 /
         # 483, 4k causal 407 / 421 / 416 and 417 / 428, 1k 382 / 382 / 375 and 378 / 379;
         # split_mask_loops on the 96 rows (second run): 16k causal 508, 4k causal 425, so
-        # off. group_heads keeps the
-        # D = 128 choice of 64 rows (not measured at D = 96), softcap (dQ = dS K, whose N = 48
-        # halves the MN-major K operand cannot take) the padded tile. History: the padded D =
-        # 128 kernel had beaten D = 96's own tiles with dQ on one warpgroup (N = 96,
-        # tune_bwd_d96_single_dq_h200.json: 16k 431 / 449), a variant since removed.
+        # off. group_heads takes 96 rows too (spill-free at D = 96, unlike D = 128's 80 rows):
+        # round-robin, TFLOP/s, 64 / 80 / 96 rows / the padded 64-row tile, 4 x 4k, 32 query
+        # heads (tune_bwd_grp_d96_h200.json): GQA 32/8 478 / 500 / 512 / 462, GQA 32/8 causal
+        # 431 / 427 / 453 / 425, MQA 32/1 causal 263 / 270 / 279 / 254. Softcap (dQ = dS K,
+        # whose N = 48 halves the MN-major K operand cannot take) keeps the padded tile.
+        # History: the padded D = 128 kernel had beaten D = 96's own tiles with dQ on one
+        # warpgroup (N = 96, tune_bwd_d96_single_dq_h200.json: 16k 431 / 449), a variant since
+        # removed.
         tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle)
-        if tile.dq_swap_ab and not group_heads:
-            return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
         if tile.dq_swap_ab:
-            return dataclasses.replace(tile, dq_head_dim=128)
+            return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
         return dataclasses.replace(tile, padded_head_dim=128)
     if head_dim > 128:
         # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
