@@ -46,6 +46,8 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d96-4k": (4, 4096, 21, 96, False),
     "d96-4k-causal": (4, 4096, 21, 96, True),
     "d96-1k": (16, 1024, 21, 96, False),
+    "d96-1k-causal": (16, 1024, 21, 96, True),
+    "d96-2k-causal": (8, 2048, 21, 96, True),
     # the wide (dkv_swap_ab) tiles: D=256 as in the bwd preset (8 heads), D=192 on 256 columns
     "d256-16k": (1, 16384, 8, 256, False),
     "d256-16k-causal": (1, 16384, 8, 256, True),
@@ -55,6 +57,12 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d256-1k-causal": (16, 1024, 8, 256, True),
     "d192-4k": (4, 4096, 10, 192, False),
     "d192-4k-causal": (4, 4096, 10, 192, True),
+    "d192-1k": (16, 1024, 10, 192, False),
+    "d192-1k-causal": (16, 1024, 10, 192, True),
+    "d192-16k-causal": (1, 16384, 10, 192, True),
+    # (192, 128) as in the full preset (a 7th field: head_dim_v)
+    "d192v128-4k": (4, 4096, 16, 192, False, None, 128),
+    "d192v128-4k-causal": (4, 4096, 16, 192, True, None, 128),
     # GQA (32 query heads over 8 KV heads, a 6th field) and MQA, for group_heads
     "gqa-d128-16k-causal": (1, 16384, 32, 128, True, 8),
     "gqa-d128-4k": (4, 4096, 32, 128, False, 8),
@@ -134,20 +142,20 @@ def main():
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
     for shape in args.shapes.split(","):
-        b, s, h, d, causal, hkv = (SHAPES[shape] + (None,))[:6]
-        hkv = hkv or h
+        b, s, h, d, causal, hkv, dv = (SHAPES[shape] + (None, None))[:7]
+        hkv, dv = hkv or h, dv or d
         # the small check problem: odd lengths, every mask corner of the variant's code
-        small = [rnd(2, 333, h, d), rnd(2, 301, hkv, d), rnd(2, 301, hkv, d)]
+        small = [rnd(2, 333, h, d), rnd(2, 301, hkv, d), rnd(2, 301, hkv, dv)]
         ref_o, ref_lse = attention_ref(*small, causal=causal, **mask)
         do_small = rnd(*ref_o.shape)
         ref_g = attention_ref_backward(
             *(t.float() for t in small), ref_o, ref_lse, do_small.float(), causal=causal, **mask
         )
-        big = [rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d)]
+        big = [rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, dv)]
         p_big = problem(*big, causal, mask=mask)
         o_big, lse_big = run_fwd(*big, p_big)
         do_big = rnd(*o_big.shape)
-        flops = 2.5 * 4 * b * h * d * visible_pairs(s, s, causal, win)
+        flops = 2.5 * 2 * b * h * (d + dv) * visible_pairs(s, s, causal, win)
         live = []
         for name, ov in variants:
             try:

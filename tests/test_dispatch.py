@@ -432,20 +432,23 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
 
 
 def test_backward_reason_names_the_padded_head_dim(fake_arch):
-    # D=96 pads only K's tile (to 128 columns, for dQ^T), 192 runs the 256 tiles over
-    # zero-filled columns: the record says so
+    # D=96 pads only K's tile (to 128 columns, for dQ^T), and under softcap runs the D=128
+    # tiles over zero-filled columns: the record says so. 192 runs its own tiles
     from cute_attn import bwd_sm90
 
     fake_arch("sm_90a")
     cases = (
-        (96, 96, "K's tile 128 columns wide"),
-        (128, 128, None),
-        (192, 192, "head dim 192 on the D=256 tiles"),
-        (192, 128, "head dims (192, 128) on (256, 128) tiles"),
-        (256, 256, None),
+        (96, 96, 0.0, "K's tile 128 columns wide"),
+        (96, 96, 30.0, "head dim 96 on the D=128 tiles"),
+        (128, 128, 0.0, None),
+        (192, 192, 0.0, None),
+        (192, 128, 0.0, None),
+        (256, 256, 0.0, None),
     )
-    for d, dv, note in cases:
-        p = dataclasses.replace(BASE, head_dim=d, head_dim_v=dv, softmax_scale=d**-0.5)
+    for d, dv, softcap, note in cases:
+        p = dataclasses.replace(
+            BASE, head_dim=d, head_dim_v=dv, softmax_scale=d**-0.5, softcap=softcap
+        )
         q, k, _ = (t for _, t in _tensors(d))
         v = torch.empty(*k.shape[:3], dv, dtype=k.dtype)
         got = dispatch.select_backward(

@@ -309,8 +309,9 @@ def test_bwd_dq_staging_where_measured():
                     assert cfg.dq_swizzle == (128 if det else 32), cfg
                 else:
                     # D=96's own tiles take 96 rows (+2.4-2.7% at >= 4k over 80,
-                    # tune_bwd_d96_rows*_h200.json); group_heads 64 at both
-                    rows = 64 if group else (96 if d == 96 else 80)
+                    # tune_bwd_d96_rows*_h200.json), group_heads too (+5-7% over 64,
+                    # tune_bwd_grp_d96_h200.json); D=128 group_heads 64 (80 spills)
+                    rows = 96 if d == 96 else (64 if group else 80)
                     assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (rows, True, 128), cfg
             cfg = bwd_tile_config(64, 64, causal, local, softcap, det, group)
             if softcap:
@@ -369,10 +370,10 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
         assert cfg.tile_head_dims(96, 96) == (96, 96)
         assert cfg.dq_tile_head_dim(96) == 128
         assert cfg.smem_bytes(96, 96) <= SMEM_BYTES_SM90
-    # group_heads keeps 64 rows (as at D=128; 96 measured faster, GPU tests pending), same K
+    # group_heads takes 96 rows too (D=128's takes 64), same K
     for causal in (False, True):
         cfg = bwd_tile_config(96, 96, causal, False, group_heads=True)
-        assert (cfg.tile_m, cfg.dq_head_dim, cfg.padded_head_dim) == (64, 128, 0)
+        assert (cfg.tile_m, cfg.dq_head_dim, cfg.padded_head_dim) == (96, 128, 0)
         assert bwd_tile_config(128, 128, causal, False, group_heads=True).tile_m == 64
     # softcap: the D=128 tile (dQ = dS K) over zero-filled columns
     for causal in (False, True):
@@ -399,8 +400,10 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
 
 
 def test_bwd_wide_head_dims_take_the_swapped_tiles():
-    # past D=128: 64 x 64 tiles, dK^T / dV^T split over the warpgroups' head-dim rows, two Q
-    # stages, dQ staged in halves, dO two stages where it fits (dv = 128); 192 padded to 256
+    # past D=128: dK^T / dV^T with head-dim rows, two Q stages, dQ staged in halves. D=256:
+    # 64 x 64 tiles with S^T, the warpgroups taking the head dim's 64-row tiles in turn.
+    # D=192: 64 x 96 with S = Q K^T, each warpgroup's dK^T / dV^T over its own 48 keys and
+    # the whole head dim, unpadded
     from cute_attn.arch.sm90.tile_config import (
         BWD_HEAD_DIMS,
         SMEM_BYTES_SM90,
@@ -408,24 +411,29 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
         bwd_tile_config,
     )
 
-    for d, dv, tile in (((192, 192, (256, 256))), (192, 128, (256, 128)), (256, 256, (256, 256))):
+    for d, dv in ((192, 192), (192, 128), (256, 256)):
         assert (d, dv) in BWD_HEAD_DIMS
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
             cfg = bwd_tile_config(d, dv, causal, local, softcap, det)
-            assert cfg.dkv_swap_ab and cfg.dq_half_staging and cfg.dq_stages == 1
-            # the warpgroups take turns on one half buffer: the wide TMA boxes drain it faster
+            # one dO stage; (192, 128) spends the smem a second would take on a dQ half
+            # buffer per warpgroup (+9-11%, tune_bwd_d192_knobs_h200.json), elsewhere the
+            # warpgroups take turns on one, which the wide TMA boxes drain faster
+            assert cfg.dkv_swap_ab and cfg.dq_half_staging and cfg.do_stages == 1
+            assert cfg.dq_stages == (2 if dv == 128 else 1)
             assert cfg.dq_swizzle == 128
-            assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 64, 2)
-            assert cfg.do_stages == (2 if dv == 128 else 1)
-            assert cfg.tile_head_dims(d, dv) == tile
+            tile_n = 96 if d == 192 else 64
+            assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, tile_n, 2)
+            assert cfg.sdp_swap_ab == (d == 256)
+            assert cfg.tile_head_dims(d, dv) == (d, dv)
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
-        # what does not fit: a second dO stage at dv = 256, or the whole dQ staged at once
+        # what does not fit: a second dO stage, and at dv > 128 the whole dQ staged at once
         # (one buffer, or one half buffer per warpgroup)
         cfg = bwd_tile_config(d, dv, False, False)
-        assert dataclasses.replace(cfg, dq_half_staging=False).smem_bytes(d, dv) > SMEM_BYTES_SM90
-        assert dataclasses.replace(cfg, dq_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
+        assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
         if dv > 128:
-            assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
+            whole = dataclasses.replace(cfg, dq_half_staging=False)
+            assert whole.smem_bytes(d, dv) > SMEM_BYTES_SM90
+            assert dataclasses.replace(cfg, dq_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
     for d in (64, 96, 128):
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
             cfg = bwd_tile_config(d, d, causal, local, softcap, det)
@@ -437,8 +445,14 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             assert (cfg.dq_half_staging, cfg.dq_stages) == (
                 (True, 2) if cfg.tile_m in (64, 80, 96) else (False, 1)
             )
-    with pytest.raises(ValueError, match="tile_m = tile_n = 64"):
+    with pytest.raises(ValueError, match="with S\\^T takes tile_n = 64"):
         BwdTileConfig(tile_n=128, dkv_swap_ab=True)
+    with pytest.raises(ValueError, match="with S takes tile_n 64 or 96"):
+        BwdTileConfig(tile_n=128, dkv_swap_ab=True, sdp_swap_ab=False)
+    with pytest.raises(ValueError, match="takes tile_m = 64"):
+        BwdTileConfig(tile_m=128, tile_n=96, dkv_swap_ab=True, sdp_swap_ab=False)
+    with pytest.raises(ValueError, match="needs dkv_swap_ab"):
+        BwdTileConfig(sdp_swap_ab=False)
     with pytest.raises(ValueError, match="must be 1 or 2"):
         BwdTileConfig(tile_n=64, num_stages=3, dkv_swap_ab=True)
     with pytest.raises(ValueError, match="do_stages must not exceed"):

@@ -33,7 +33,7 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     semaphore counts them), and waits for its add to land before releasing the next one. The
     fp32 sums then happen in one fixed order: bitwise identical run to run.
   * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
-    multiple of 128 (96 under softcap -> 128, 192 -> 256); TMA zero-fills the columns past the
+    multiple of 128 (D = 96 under softcap -> 128); TMA zero-fills the columns past the
     tensors' on load and drops them on store / reduce-add. With dq_head_dim only K's tile is
     wider (D = 96: 128 columns, so dQ^T keeps two 64-row head-dim halves); S^T and dP^T then
     run over the first head_dim columns of K, and dK is staged in K's buffer through a
@@ -45,7 +45,12 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     2 x 64 fp32 registers a thread for dK and dV). dQ = dS K splits its head dim as before.
     Q has two stages, dO its own count (BwdTileConfig.do_stages), and with dq_half_staging each
     warpgroup stages its half of dQ in turn in a (64, D / 2) buffer: that fits D = 256 in
-    SM90's smem (218 KB).
+    SM90's smem (218 KB). Or (BwdTileConfig.sdp_swap_ab = False, D = 192: 64 x 96)
+        S = Q K^T, dP = dO V^T                          (wgmma SS, 64 query rows, the
+                                                         warpgroups split the keys)
+    and each warpgroup's dK^T / dV^T span every 64-row tile of the head dim over its own keys
+    (N = tile_n / 2), so any multiple of 64 needs no padding; K's and dS / P's smem swizzle
+    is narrowed so that the column slices the warpgroups read transposed start on an atom.
   * packed sequences (`varlen`, compile-time): q / dO / dQ rows packed by cu_seqlens_q and
     k / v / dK / dV rows by cu_seqlens_k, each a unit-batch tensor; grid z is the sequence,
     grid x is sized by the longest key sequence and tiles past a sequence's end leave at
@@ -195,9 +200,12 @@ class FlashBwdSm90:
         # K's smem tile and dQ^T's head-dim rows: tile_d, or wider (BwdTileConfig.dq_head_dim)
         self.tile_dq = cfg.dq_tile_head_dim(self.head_dim)
         self.swap_dkv = cfg.dkv_swap_ab
-        rows = 64 * cfg.num_mma_warpgroups
+        # S^T = K Q^T (keys as wgmma M), or S = Q K^T (BwdTileConfig.sdp_swap_ab)
+        self.swap_sdp = cfg.sdp_swap_ab
+        rows = 64 * cfg.num_mma_warpgroups if self.swap_sdp else 64
         if self.swap_dkv and (self.tile_d % rows or self.tile_dv % rows):
-            # dK^T / dV^T: each warpgroup takes 64-row wgmma tiles of the head dims in turn
+            # dK^T / dV^T: each warpgroup takes 64-row wgmma tiles of the head dims in turn, or
+            # (S = Q K^T) all of them over its own keys
             raise ValueError(
                 f"dkv_swap_ab needs tile head dims that are multiples of {rows}, got"
                 f" ({self.tile_d}, {self.tile_dv}): set padded_head_dim"
@@ -283,7 +291,14 @@ class FlashBwdSm90:
             )
 
         K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
-        if cutlass.const_expr(self.swap_dkv):
+        if cutlass.const_expr(self.swap_dkv and not self.swap_sdp):
+            # S = Q K^T, dP = dO V^T: the 64 query rows are one wgmma M, the warpgroups split
+            # the keys; dK^T += Q^T dS, dV^T += dO^T P over the same keys, every 64-row tile
+            # of the head dim in each warpgroup
+            tiled_mma_sdp = tiled_mma(K, K, (1, nwg, 1), (tm, tn // nwg), False)
+            tiled_mma_dk = tiled_mma(MN, MN, (1, nwg, 1), (64, tn // nwg), False)
+            tiled_mma_dv = tiled_mma(MN, MN, (1, nwg, 1), (64, tn // nwg), False)
+        elif cutlass.const_expr(self.swap_dkv):
             # S^T = K Q^T, dP^T = V dO^T: the 64 keys are one wgmma M, the warpgroups split
             # the query columns
             tiled_mma_sdp = tiled_mma(K, K, (1, nwg, 1), (64, tm // nwg), False)
@@ -321,16 +336,21 @@ class FlashBwdSm90:
         stages, do_stages = self.num_stages, self.do_stages
         sQ_layout = smem_layout(self.dtype, tm, d, stages)
         sdO_layout = smem_layout(self.dtype, tm, dv, do_stages)
-        sK_layout = smem_layout(self.dtype, tn, dq_d, None)
+        # transposed MN-major wgmma operands read in per-warpgroup column slices must start on
+        # a swizzle atom: K^T's head-dim halves in dQ = dS K, and under S = Q K^T the keys of
+        # dS / P in dK^T / dV^T (D = 192, tile_n = 96: slices of 96 and 48 columns)
+        k_atom = dq_d // nwg if cutlass.const_expr(not self.swap_sdp) else None
+        ds_atom = tn // nwg if cutlass.const_expr(not self.swap_sdp) else None
+        sK_layout = smem_layout(self.dtype, tn, dq_d, None, k_atom)
         # dK's staging in K's buffer for its TMA store: (tn, d), K's own layout unless K's
         # tile is wider (dq_head_dim)
         sdK_layout = sK_layout
         if cutlass.const_expr(dq_d != d):
             sdK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
-        sdS_layout = smem_layout(self.dtype, tm, tn, stages)
+        sdS_layout = smem_layout(self.dtype, tm, tn, stages, ds_atom)
         # P^T's 16-bit copy for dV^T under swap_dkv, staged with dO (see mma)
-        sP_layout = smem_layout(self.dtype, tm, tn, do_stages)
+        sP_layout = smem_layout(self.dtype, tm, tn, do_stages, ds_atom)
         p_size = cute.cosize(sP_layout) if cutlass.const_expr(self.swap_dkv) else 1
         p_align = 1024 if cutlass.const_expr(self.swap_dkv) else 16
         # fp32 dQ staging, swizzled as the config says (BwdTileConfig.dq_swizzle)
@@ -773,10 +793,16 @@ class FlashBwdSm90:
         thr_dq = tiled_mma_dq.get_slice(tidx)
 
         # operand fragments (smem descriptors); stage modes stay last
-        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
-        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
-        tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
-        tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        if cutlass.const_expr(self.swap_sdp):
+            tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+            tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+            tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+            tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        else:
+            tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
+            tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
+            tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
+            tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
         if cutlass.const_expr(self.swap_dq):
             tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(transpose_smem_view(sK)))
             tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
@@ -795,7 +821,9 @@ class FlashBwdSm90:
             tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(transpose_smem_view(sQ)))
             dk_shape, dv_shape = (tn, self.tile_d), (tn, self.tile_dv)
 
-        acc_shape_st = wg_sdp.partition_shape_C((tn, tm))
+        # S^T / dP^T as (key, query), or S / dP as (query, key)
+        st_shape = (tn, tm) if cutlass.const_expr(self.swap_sdp) else (tm, tn)
+        acc_shape_st = wg_sdp.partition_shape_C(st_shape)
         acc_shape_dq = thr_dq.partition_shape_C(
             (self.tile_dq, tm) if cutlass.const_expr(self.swap_dq) else (tm, self.tile_d)
         )
@@ -804,15 +832,20 @@ class FlashBwdSm90:
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
 
-        # (key, query) coordinates of this thread's S^T elements
-        tScS = thr_sdp.partition_C(cute.make_identity_tensor((tn, tm)))
+        # (key, query) coordinates of this thread's S^T elements ((query, key) of S's)
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor(st_shape))
         # dS^T registers -> dS in smem: transposing stmatrix through the S^T MMA's C layout
+        # (S's registers are dS's rows already)
         store_ds_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=self.swap_sdp, num_matrices=4),
+            self.dtype,
         )
         thr_store_ds = cute.make_tiled_copy_C(store_ds_atom, tiled_mma_sdp).get_slice(tidx)
-        tdSsdS = thr_store_ds.partition_D(transpose_smem_view(sdS))
-        tPsP = thr_store_ds.partition_D(transpose_smem_view(sP))
+        sdS_c, sP_c = sdS, sP
+        if cutlass.const_expr(self.swap_sdp):
+            sdS_c, sP_c = transpose_smem_view(sdS), transpose_smem_view(sP)
+        tdSsdS = thr_store_ds.partition_D(sdS_c)
+        tPsP = thr_store_ds.partition_D(sP_c)
         if cutlass.const_expr(self.swap_dq and self.dq_halves):
             # this warpgroup's (d / 2, tm) part of dQ^T, through the transpose of its buffer
             tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(transpose_smem_view(sdQ))
@@ -835,14 +868,15 @@ class FlashBwdSm90:
                 dq_buf = wg
             dq_threads = roles.dq_half_sync_threads
 
-        # lse / D of the query column of each S^T element: the (tm, stages) row vectors seen
-        # through a (tn, tm, stages) view that ignores the key index (stride 0)
+        # lse / D of the query of each S^T (S) element: the (tm, stages) row vectors seen
+        # through a (tn, tm, stages) ((tm, tn, stages)) view that ignores the key (stride 0)
         rs = self.config.row_stage_stride
+        row_stride = (0, 1) if cutlass.const_expr(self.swap_sdp) else (1, 0)
         sLSE_st = cute.make_tensor(
-            sLSE.iterator, cute.make_layout((tn, tm, self.num_stages), stride=(0, 1, rs))
+            sLSE.iterator, cute.make_layout((*st_shape, self.num_stages), stride=(*row_stride, rs))
         )
         sDsum_st = cute.make_tensor(
-            sDsum.iterator, cute.make_layout((tn, tm, self.do_stages), stride=(0, 1, rs))
+            sDsum.iterator, cute.make_layout((*st_shape, self.do_stages), stride=(*row_stride, rs))
         )
 
         if m_max > m_min:
@@ -878,18 +912,21 @@ class FlashBwdSm90:
                         pipe_q.consumer_wait(state)
                         # zero-filled columns (padded_head_dim, dq_head_dim) stay out of
                         # the k-blocks of S^T and dP^T: only the tensors' own head dims
-                        gemm(
-                            tiled_mma_sdp, acc_s, tSrK, tSrQ[None, None, None, stage], True,
-                            k_blocks=self.head_dim // 16,
-                        )  # fmt: skip
+                        a_s, b_s = tSrK, tSrQ[None, None, None, stage]
+                        if cutlass.const_expr(not self.swap_sdp):
+                            a_s, b_s = b_s, a_s
+                        gemm(tiled_mma_sdp, acc_s, a_s, b_s, True, k_blocks=self.head_dim // 16)
                         # this thread's query columns of lse_log2 / D, read from smem where used
                         # (loading lse into registers here, before the GEMMs, measured no faster:
                         # tune_bwd_lse_dq2_h200.json)
-                        t_lse = self._query_cols(thr_sdp.partition_C(sLSE_st[None, None, stage]))
+                        t_lse = self._query_stat(thr_sdp.partition_C(sLSE_st[None, None, stage]))
                         pipe_do.consumer_wait(state_do)
+                        a_dp, b_dp = tdPrV, tdPrdO[None, None, None, stage_do]
+                        if cutlass.const_expr(not self.swap_sdp):
+                            a_dp, b_dp = b_dp, a_dp
                         gemm(
-                            tiled_mma_sdp, acc_dp, tdPrV, tdPrdO[None, None, None, stage_do],
-                            True, k_blocks=self.head_dim_v // 16,
+                            tiled_mma_sdp, acc_dp, a_dp, b_dp, True,
+                            k_blocks=self.head_dim_v // 16,
                         )  # fmt: skip
                         warpgroup.wait_group(1)
                         # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
@@ -897,8 +934,8 @@ class FlashBwdSm90:
                             apply_softcap(acc_s, score_premul)
                         if cutlass.const_expr(test_mask):
                             if mask.tile_needs_mask(m_block, n_block):
-                                mask.apply(acc_s, tScS, m_block, n_block, transposed=True)
-                        t_dsum = self._query_cols(
+                                mask.apply(acc_s, tScS, m_block, n_block, transposed=self.swap_sdp)
+                        t_dsum = self._query_stat(
                             thr_sdp.partition_C(sDsum_st[None, None, stage_do])
                         )
                         r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
@@ -1042,10 +1079,13 @@ class FlashBwdSm90:
         return t
 
     @cute.jit
-    def _query_cols(self, tSsX: cute.Tensor) -> cute.Tensor:
+    def _query_stat(self, tSsX: cute.Tensor) -> cute.Tensor:
         """A per-query-row statistic (lse_log2 or D) for each query column of this thread's
-        S^T elements, in smem: tSsX is the S^T partition of its stride-0 (key, query) view."""
-        return acc_as_rows_cols(tSsX)[0, None]
+        S^T elements (each query row of its S elements), in smem: tSsX is the S^T (S)
+        partition of its stride-0 (key, query) ((query, key)) view."""
+        if cutlass.const_expr(self.swap_sdp):
+            return acc_as_rows_cols(tSsX)[0, None]
+        return acc_as_rows_cols(tSsX)[None, 0]
 
     @cute.jit
     def _probs_and_ds(
@@ -1068,23 +1108,26 @@ class FlashBwdSm90:
         s = acc_as_rows_cols(acc_s)
         dp = acc_as_rows_cols(acc_dp)
         rows, cols = cute.size(s, mode=[0]), cute.size(s, mode=[1])
+        # the statistics are per query: S^T's column j, or S's row r
+        by_col = self.swap_sdp
         if cutlass.const_expr(not self.has_softcap):
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[j], fastmath=True)
+                    lse = t_lse[j if by_col else r]
+                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - lse, fastmath=True)
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[j])
+                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[j if by_col else r])
         else:
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
                     t = s[r, j]
-                    p = cute.math.exp2(t * scale_log2 - t_lse[j], fastmath=True)
+                    p = cute.math.exp2(t * scale_log2 - t_lse[j if by_col else r], fastmath=True)
                     s[r, j] = p
                     dtanh = cute.arch.fmax(1.0 - t * t, Float32(0.0))
-                    dp[r, j] = p * (dp[r, j] - t_dsum[j]) * dtanh
+                    dp[r, j] = p * (dp[r, j] - t_dsum[j if by_col else r]) * dtanh
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return r_p

@@ -23,9 +23,17 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 
-def smem_layout(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int | None):
-    """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile."""
-    atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols)
+def smem_layout(
+    dtype: type[cutlass.Numeric],
+    rows: int,
+    cols: int,
+    stages: int | None,
+    atom_cols: int | None = None,
+):
+    """K-major (row-major) swizzled smem layout for a (rows, cols[, stages]) tile: the widest
+    swizzle that divides `cols`, or `atom_cols` where a wgmma reads the tile transposed
+    (MN-major) in column slices of that width, which must each start on a swizzle atom."""
+    atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols or cols)
     atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     order = (0, 1) if stages is None else (0, 1, 2)

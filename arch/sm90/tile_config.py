@@ -514,6 +514,11 @@ class BwdTileConfig:
     # K^T dS^T keeps its two 64-row wgmma tiles while S^T, dP^T, dV and dK run over the
     # problem's own head dim (D = 96: a fifth less MMA work than the padded D = 128 tiles)
     dq_head_dim: int = 0
+    # under dkv_swap_ab: True, S^T = K Q^T (the 64 keys as wgmma M, the warpgroups split the
+    # query columns); False, S = Q K^T with the warpgroups splitting the keys (N = tile_n / 2
+    # each), and dK^T / dV^T the same keys: each warpgroup's head-dim rows span the whole
+    # head dim (any multiple of 64, so D = 192 without padding) and tile_n may be 96
+    sdp_swap_ab: bool = True
 
     def __post_init__(self):
         if self.dq_stages not in (1, 2):
@@ -532,11 +537,18 @@ class BwdTileConfig:
             raise ValueError("dq_head_dim pads K's tile only; padded_head_dim pads every tile")
         if self.dkv_swap_ab and self.dq_swap_ab:
             raise ValueError("dkv_swap_ab splits dQ's head dim already: no dq_swap_ab")
+        if not self.sdp_swap_ab and not self.dkv_swap_ab:
+            raise ValueError("sdp_swap_ab = False (S = Q K^T) needs dkv_swap_ab")
         if self.dkv_swap_ab:
-            # S^T's 64 key rows are one wgmma M; its query columns split over the warpgroups,
-            # and dQ (64 rows) splits its head dim
-            if self.tile_n != 64 or self.tile_m != 64:
-                raise ValueError("dkv_swap_ab takes tile_m = tile_n = 64")
+            # S^T's 64 key rows are one wgmma M and its query columns split over the
+            # warpgroups, or S's 64 query rows are and its keys split (N a multiple of 16 for
+            # the 16 x 16 stmatrix blocks of P and dS); dQ (64 rows) splits its head dim
+            if self.tile_m != 64:
+                raise ValueError("dkv_swap_ab takes tile_m = 64")
+            if self.sdp_swap_ab and self.tile_n != 64:
+                raise ValueError("dkv_swap_ab with S^T takes tile_n = 64")
+            if not self.sdp_swap_ab and self.tile_n not in (64, 96):
+                raise ValueError(f"dkv_swap_ab with S takes tile_n 64 or 96, not {self.tile_n}")
             if self.num_stages not in (1, 2) or self.do_stages not in (1, 2):
                 raise ValueError(f"stages ({self.num_stages}, {self.do_stages}) must be 1 or 2")
             if self.do_stages > self.num_stages:
@@ -598,9 +610,10 @@ class BwdTileConfig:
 # 128-column K tile (BwdTileConfig.dq_head_dim); under softcap (dQ = dS K) it runs the D = 128
 # tiles (padded_head_dim): its own would split dQ's head dim over two warpgroups as N = 48,
 # which the MN-major (transposed K) wgmma operand cannot take with a 64-byte swizzle, and 128
-# query rows (dQ split by rows) need 256 KB of smem. Head dims past 128 take dkv_swap_ab,
-# whose dK^T / dV^T rows split over the two warpgroups in 64-row wgmma tiles: 192 is padded to
-# 256 for that.
+# query rows (dQ split by rows) need 256 KB of smem. Head dims past 128 take dkv_swap_ab
+# (dK^T / dV^T as head-dim rows): D = 256 with S^T, its 64-row wgmma tiles split over the two
+# warpgroups; D = 192 with S = Q K^T (sdp_swap_ab=False), each warpgroup all three 64-row tiles
+# over its own keys.
 BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 # the backward's L2 sections (bwd_tile_config) and the largest GQA group that a causal grid
 # runs grouped (bwd_group_heads)
@@ -671,8 +684,8 @@ def bwd_tile_config(
     # / 0.531, 16k 4.961 / 5.001 (one 16k pair fills 32 MiB: the same order); D=256 4k 1.867 /
     # 1.805, 1k 0.649 / 0.636; D=64 4k 1.619 / 1.600 and 1.629 / 1.620, but 1k 0.598 / 0.613
     # and 0.602 / 0.618: off at D=64 (where causal GQA also stays per query head, see
-    # bwd_group_heads). D=96 and 192 follow the tiles they run (128 / 256), not measured on
-    # their own. Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
+    # bwd_group_heads). D=96 and 192 take them as measured at 128 / 256, not measured on
+    # their own tiles. Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
     # D=64 1k 0.700; every (head, batch) pair in one section (key tile major over the whole
     # grid): D=128 4k 2.060 ms against 1.387, the Q / dO / dQ working set no longer fits L2
     # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead.
@@ -732,39 +745,54 @@ def _bwd_tiles(
         # and 518 / 532, 16k causal 502 / 514 / 498 and 502 / 514, 4k 479 / 493 / 467 and 472 /
         # 483, 4k causal 407 / 421 / 416 and 417 / 428, 1k 382 / 382 / 375 and 378 / 379;
         # split_mask_loops on the 96 rows (second run): 16k causal 508, 4k causal 425, so
-        # off. group_heads keeps 64 rows for now: 96 compile spill-free there and measured
-        # faster (round-robin, TFLOP/s, 64 / 80 / 96 rows / the padded 64-row tile, 4 x 4k,
-        # 32 query heads, tune_bwd_grp_d96_h200.json: GQA 32/8 478 / 500 / 512 / 462, GQA 32/8
-        # causal 431 / 427 / 453 / 425, MQA 32/1 causal 263 / 270 / 279 / 254; same gradients),
-        # but their group_heads GPU tests have not run yet: take 96 once they pass. Softcap
-        # (dQ = dS K, whose N = 48 halves the MN-major K operand cannot take) keeps the
-        # padded tile.
+        # off. group_heads takes 96 rows too (round-robin, TFLOP/s, 64 / 80 / 96 rows / the
+        # padded 64-row tile, 4 x 4k, 32 query heads, tune_bwd_grp_d96_h200.json: GQA 32/8
+        # 478 / 500 / 512 / 462, GQA 32/8 causal 431 / 427 / 453 / 425, MQA 32/1 causal
+        # 263 / 270 / 279 / 254; same gradients), unlike D = 128, whose 80 rows spill there.
+        # Softcap (dQ = dS K, whose N = 48 halves the MN-major K operand cannot take) keeps
+        # the padded tile.
         # History: the padded D = 128 kernel had beaten D = 96's own tiles with dQ on one
         # warpgroup (N = 96, tune_bwd_d96_single_dq_h200.json: 16k 431 / 449), a variant since
         # removed.
         tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle)
-        if tile.dq_swap_ab and not group_heads:
-            return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
         if tile.dq_swap_ab:
-            return dataclasses.replace(tile, dq_head_dim=128)
+            return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
         return dataclasses.replace(tile, padded_head_dim=128)
     if head_dim > 128:
-        # 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows (see
-        # BWD_HEAD_DIMS). Two Q stages with dQ staged in halves; dO gets two stages where it
-        # fits (dv = 128). All of it in SM90's 227 KB at D = 256 (218 KB).
+        # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
+        # (see BWD_HEAD_DIMS). Two Q stages with dQ staged in halves. All of it in SM90's
+        # 227 KB (218 KB).
         # The warpgroups take turns on one half-size dQ buffer, so the writer's reduce of the
         # first half must have read it before the second is staged: there the 128-byte
         # swizzle's 4 TMA boxes a half beat the 32-byte one's 16 (tune_bwd_d256_sw_h200.json,
         # round-robin, TFLOP/s, swizzle 32 / 64 / 128): D=256 16k 322 / 393 / 407, 16k causal
         # 320 / 405 / 416, 4k 304 / 375 / 399, 4k causal 292 / 343 / 355, 1k 273 / 321 / 336;
-        # D=192 4k 282 / 294 / 305. One Q stage with a buffer per warpgroup (no turns) lost:
-        # 4k 301 with the 32-byte swizzle, 281 with the 128-byte (tune_bwd_d256_dq_h200.json).
+        # D=192 (then on these tiles, padded) 4k 282 / 294 / 305. One Q stage with a buffer
+        # per warpgroup (no turns) lost: 4k 301 with the 32-byte swizzle, 281 with the
+        # 128-byte (tune_bwd_d256_dq_h200.json).
         # split_mask_loops under the causal mask, off / on (tune_bwd_d256_split_h200.json):
         # 4k 372 / 370, 16k 408 / 408, 1k 262 / 261: off.
-        pad = 128 if head_dim % 128 or head_dim_v % 128 else 0
+        if head_dim == 192:
+            # S = Q K^T with the warpgroups splitting 96 keys (sdp_swap_ab=False): dK^T / dV^T
+            # over each warpgroup's own 48 keys and every 64-row tile of the head dim, so 192
+            # needs no padding to 256 and a CTA keeps 96 keys (FA3's D = 192 tile shape).
+            # Round-robin, TFLOP/s, 64 x 96 / the old 64 x 64 tiles padded to 256 / 64 x 64
+            # with S (tune_bwd_d192_h200.json): D=192 4k 443 / 317 / 360, 4k causal 416 / 300
+            # / 338, 1k causal 265 / 213 / 230, 16k causal 466 / 325 / 377; (192, 128) 4k 436 /
+            # 288 / 329, 4k causal 394 / 278 / 310; same gradients (err columns). Then
+            # (tune_bwd_d192_knobs_h200.json, base / variant): one dO stage with a dQ half
+            # buffer per warpgroup at (192, 128) 418 / 462, causal 388 / 423, adopted (at D=192
+            # the second half buffer does not fit); one Q stage for it 444 / 321; the 64-byte
+            # dQ swizzle 444 / 435; split_mask_loops 4k causal 417 / 422 (noise: the unmasked
+            # (192, 128) 4k, where it changes nothing, read 418 / 434), off.
+            return BwdTileConfig(
+                tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
+                sdp_swap_ab=False, dq_half_staging=True, dq_stages=1 if head_dim_v > 128 else 2,
+                dq_swizzle=128,
+            )  # fmt: skip
         return BwdTileConfig(
-            tile_m=64, tile_n=64, num_stages=2, do_stages=1 if head_dim_v > 128 else 2,
-            dkv_swap_ab=True, dq_half_staging=True, padded_head_dim=pad, dq_swizzle=128,
+            tile_m=64, tile_n=64, num_stages=2, do_stages=1, dkv_swap_ab=True,
+            dq_half_staging=True, dq_swizzle=128,
         )  # fmt: skip
     if head_dim <= 64:
         # D=64 with softcap: 64 x 128 with dQ = dS K, each warpgroup staging its 32-column
