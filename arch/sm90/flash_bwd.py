@@ -1113,21 +1113,23 @@ class FlashBwdSm90:
         if cutlass.const_expr(not self.has_softcap):
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    lse = t_lse[j if by_col else r]
-                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - lse, fastmath=True)
+                    q = j if by_col else r
+                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[q], fastmath=True)
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
-                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[j if by_col else r])
+                    q = j if by_col else r
+                    dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[q])
         else:
             warpgroup.wait_group(0)
             for r in cutlass.range_constexpr(rows):
                 for j in cutlass.range_constexpr(cols):
+                    q = j if by_col else r
                     t = s[r, j]
-                    p = cute.math.exp2(t * scale_log2 - t_lse[j if by_col else r], fastmath=True)
+                    p = cute.math.exp2(t * scale_log2 - t_lse[q], fastmath=True)
                     s[r, j] = p
                     dtanh = cute.arch.fmax(1.0 - t * t, Float32(0.0))
-                    dp[r, j] = p * (dp[r, j] - t_dsum[j if by_col else r]) * dtanh
+                    dp[r, j] = p * (dp[r, j] - t_dsum[q]) * dtanh
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return r_p
