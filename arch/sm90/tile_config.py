@@ -758,6 +758,25 @@ def _bwd_tiles(
         if tile.dq_swap_ab:
             return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
         return dataclasses.replace(tile, padded_head_dim=128)
+    if head_dim == 192:
+        # S = Q K^T with the warpgroups splitting 96 keys (sdp_swap_ab=False): dK^T / dV^T
+        # over each warpgroup's own 48 keys and every 64-row tile of the head dim, so 192
+        # needs no padding to 256 and a CTA keeps 96 keys (FA3's D = 192 tile shape).
+        # Round-robin, TFLOP/s, 64 x 96 / the old 64 x 64 tiles padded to 256 / 64 x 64
+        # with S (tune_bwd_d192_h200.json): D=192 4k 443 / 317 / 360, 4k causal 416 / 300
+        # / 338, 1k causal 265 / 213 / 230, 16k causal 466 / 325 / 377; (192, 128) 4k 436 /
+        # 288 / 329, 4k causal 394 / 278 / 310; same gradients (err columns). Then
+        # (tune_bwd_d192_knobs_h200.json, base / variant): one dO stage with a dQ half
+        # buffer per warpgroup at (192, 128) 418 / 462, causal 388 / 423, adopted (at D=192
+        # the second half buffer does not fit); one Q stage for it 444 / 321; the 64-byte
+        # dQ swizzle 444 / 435 (the 128-byte one as at D = 256, below); split_mask_loops 4k
+        # causal 417 / 422, off: noise, as the unmasked (192, 128) 4k row, where no tile
+        # needs a mask either way, read 418 / 434.
+        return BwdTileConfig(
+            tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
+            sdp_swap_ab=False, dq_half_staging=True, dq_stages=1 if head_dim_v > 128 else 2,
+            dq_swizzle=128,
+        )  # fmt: skip
     if head_dim > 128:
         # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
         # (see BWD_HEAD_DIMS). Two Q stages with dQ staged in halves. All of it in SM90's
@@ -772,24 +791,6 @@ def _bwd_tiles(
         # 128-byte (tune_bwd_d256_dq_h200.json).
         # split_mask_loops under the causal mask, off / on (tune_bwd_d256_split_h200.json):
         # 4k 372 / 370, 16k 408 / 408, 1k 262 / 261: off.
-        if head_dim == 192:
-            # S = Q K^T with the warpgroups splitting 96 keys (sdp_swap_ab=False): dK^T / dV^T
-            # over each warpgroup's own 48 keys and every 64-row tile of the head dim, so 192
-            # needs no padding to 256 and a CTA keeps 96 keys (FA3's D = 192 tile shape).
-            # Round-robin, TFLOP/s, 64 x 96 / the old 64 x 64 tiles padded to 256 / 64 x 64
-            # with S (tune_bwd_d192_h200.json): D=192 4k 443 / 317 / 360, 4k causal 416 / 300
-            # / 338, 1k causal 265 / 213 / 230, 16k causal 466 / 325 / 377; (192, 128) 4k 436 /
-            # 288 / 329, 4k causal 394 / 278 / 310; same gradients (err columns). Then
-            # (tune_bwd_d192_knobs_h200.json, base / variant): one dO stage with a dQ half
-            # buffer per warpgroup at (192, 128) 418 / 462, causal 388 / 423, adopted (at D=192
-            # the second half buffer does not fit); one Q stage for it 444 / 321; the 64-byte
-            # dQ swizzle 444 / 435; split_mask_loops 4k causal 417 / 422 (noise: the unmasked
-            # (192, 128) 4k, where it changes nothing, read 418 / 434), off.
-            return BwdTileConfig(
-                tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
-                sdp_swap_ab=False, dq_half_staging=True, dq_stages=1 if head_dim_v > 128 else 2,
-                dq_swizzle=128,
-            )  # fmt: skip
         return BwdTileConfig(
             tile_m=64, tile_n=64, num_stages=2, do_stages=1, dkv_swap_ab=True,
             dq_half_staging=True, dq_swizzle=128,
