@@ -463,7 +463,8 @@ class BwdTileConfig:
     """Static shape of one backward variant. A CTA owns tile_n keys and walks the query tiles
     of tile_m rows that see them. Without dkv_swap_ab each consumer warpgroup owns 64 of the
     keys (tile_n = 64 per warpgroup); with it the warpgroups split the query columns of S^T
-    and the head dims of dK^T / dV^T (the layout for head dims past 128)."""
+    and the head dims of dK^T / dV^T (the layout for head dims past 128), or with
+    sdp_swap_ab=False the keys of S and of dK^T / dV^T."""
 
     tile_m: int = 64  # query rows per mainloop iteration
     tile_n: int = 128  # keys per CTA
