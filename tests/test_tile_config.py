@@ -415,11 +415,13 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
         assert (d, dv) in BWD_HEAD_DIMS
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
             cfg = bwd_tile_config(d, dv, causal, local, softcap, det)
-            # one dO stage; (192, 128) spends the smem a second would take on a dQ half
-            # buffer per warpgroup (+9-11%, tune_bwd_d192_knobs_h200.json), elsewhere the
+            # one dO stage; D=192 and (192, 128) spend the smem a second would take on a dQ
+            # half buffer per warpgroup (+9-11%, tune_bwd_d192_knobs_h200.json,
+            # tune_bwd_d192_ds_h200.json), D=192 with one dS buffer to fit it; at D=256 the
             # warpgroups take turns on one, which the wide TMA boxes drain faster
             assert cfg.dkv_swap_ab and cfg.dq_half_staging and cfg.do_stages == 1
-            assert cfg.dq_stages == (2 if dv == 128 else 1)
+            assert cfg.dq_stages == (2 if d == 192 else 1)
+            assert cfg.single_ds == (d == 192 and dv == 192)
             assert cfg.dq_swizzle == 128
             tile_n = 96 if d == 192 else 64
             assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, tile_n, 2)
@@ -427,13 +429,14 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             assert cfg.tile_head_dims(d, dv) == (d, dv)
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
         # what does not fit: a second dO stage, and at dv > 128 the whole dQ staged at once
-        # (one buffer, or one half buffer per warpgroup)
+        # (one buffer, or one half buffer per warpgroup without single_ds)
         cfg = bwd_tile_config(d, dv, False, False)
         assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
         if dv > 128:
-            whole = dataclasses.replace(cfg, dq_half_staging=False)
+            whole = dataclasses.replace(cfg, dq_half_staging=False, dq_stages=1)
             assert whole.smem_bytes(d, dv) > SMEM_BYTES_SM90
-            assert dataclasses.replace(cfg, dq_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
+            two = dataclasses.replace(cfg, dq_stages=2, single_ds=False)
+            assert two.smem_bytes(d, dv) > SMEM_BYTES_SM90
     for d in (64, 96, 128):
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
             cfg = bwd_tile_config(d, d, causal, local, softcap, det)

@@ -127,6 +127,9 @@ class BwdRoles:
     # under dq_half_staging warpgroup w hands its half over on bar_dq_full + 2 w and waits for
     # its buffer on bar_dq_empty + 2 w (ids 3 / 4 and 5 / 6)
     bar_dq_wg_step: int = 2
+    # single_ds: the other warpgroup finished reading the one dS buffer, warpgroup w may
+    # overwrite its part: id 7 + w (w waits, the other warpgroup arrives)
+    bar_ds_free: int = 7
 
     @property
     def num_threads(self) -> int:
@@ -348,7 +351,8 @@ class FlashBwdSm90:
         if cutlass.const_expr(dq_d != d):
             sdK_layout = smem_layout(self.dtype, tn, d, None)
         sV_layout = smem_layout(self.dtype, tn, dv, None)
-        sdS_layout = smem_layout(self.dtype, tm, tn, stages, ds_atom)
+        ds_stages = 1 if cutlass.const_expr(self.config.single_ds) else stages
+        sdS_layout = smem_layout(self.dtype, tm, tn, ds_stages, ds_atom)
         # P^T's 16-bit copy for dV^T under swap_dkv, staged with dO (see mma)
         sP_layout = smem_layout(self.dtype, tm, tn, do_stages, ds_atom)
         p_size = cute.cosize(sP_layout) if cutlass.const_expr(self.swap_dkv) else 1
@@ -782,6 +786,7 @@ class FlashBwdSm90:
     ):
         roles = self.roles
         tm, tn = self.tile_m, self.tile_n
+        single_ds = self.config.single_ds
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
         wg = cute.arch.make_warp_uniform(tidx // 128)  # wgmma descriptors in uniform registers
         wg_threads = cute.make_layout(self.config.num_mma_warpgroups, stride=128)
@@ -890,7 +895,13 @@ class FlashBwdSm90:
             # m + do_stages after that tile's dO wait, so after every warp released dO of
             # tile m, which each does once its dV GEMM (P's reader) is done; dS's (Q's stage)
             # in tile m + num_stages after Q's wait, so after every warp finished tile m's dK.
+            # With single_ds a warpgroup writes its part of the one dS buffer once the other
+            # warpgroup's GEMMs of the tile before are done (bar_ds_free), which starts free.
             state_do = pipeline.make_pipeline_state(consumer, self.do_stages)
+            if cutlass.const_expr(single_ds):
+                cute.arch.barrier_arrive(
+                    barrier_id=roles.bar_ds_free + 1 - wg, number_of_threads=roles.num_mma_threads
+                )
             # (test each tile, first, end) segments of the query tiles: with split_mask_loops
             # the ones every key of this tile sees fully run without mask code or per-tile test
             segments = [(True, m_min, m_max)]
@@ -906,6 +917,7 @@ class FlashBwdSm90:
                     test_mask, m_lo, m_hi = segments[seg]
                     for m_block in cutlass.range(m_lo, m_hi, unroll=1):
                         stage, stage_do = state.index, state_do.index
+                        ds_stage = 0 if cutlass.const_expr(single_ds) else stage
                         # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
                         acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
                         acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
@@ -942,7 +954,12 @@ class FlashBwdSm90:
                         r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
                         r_ds.store(acc_dp.load().to(self.dtype))
                         r_ds_st = thr_store_ds.retile(r_ds)
-                        cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, stage])
+                        if cutlass.const_expr(single_ds):
+                            cute.arch.barrier(
+                                barrier_id=roles.bar_ds_free + wg,
+                                number_of_threads=roles.num_mma_threads,
+                            )
+                        cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, ds_stage])
                         if cutlass.const_expr(self.swap_dkv):
                             # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
                             cute.copy(
@@ -969,7 +986,7 @@ class FlashBwdSm90:
                             )  # fmt: skip
                         # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
                         acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
-                        r_dqs = tdQrdS[None, None, None, stage]
+                        r_dqs = tdQrdS[None, None, None, ds_stage]
                         if cutlass.const_expr(self.swap_dq):
                             gemm(tiled_mma_dq, acc_dq, tdQrKt, r_dqs, True)  # dQ^T = K^T dS^T
                         else:
@@ -977,7 +994,7 @@ class FlashBwdSm90:
                         if cutlass.const_expr(self.swap_dkv):
                             gemm(
                                 tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],
-                                tdKrdS[None, None, None, stage], False,
+                                tdKrdS[None, None, None, ds_stage], False,
                             )  # fmt: skip
                         else:
                             # dS^T's registers, as dK's A operand
@@ -996,8 +1013,18 @@ class FlashBwdSm90:
                         )
                         warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
                         pipe_q.consumer_release(state)
+                        if cutlass.const_expr(single_ds):
+                            cute.arch.barrier_arrive(
+                                barrier_id=roles.bar_ds_free + 1 - wg,
+                                number_of_threads=roles.num_mma_threads,
+                            )
                         state.advance()
                         state_do.advance()
+            if cutlass.const_expr(single_ds):
+                # the other warpgroup's arrive after the last tile
+                cute.arch.barrier(
+                    barrier_id=roles.bar_ds_free + wg, number_of_threads=roles.num_mma_threads
+                )
             pipe_kv.consumer_release(kv_state)
         # balance the writer's last arrive on dq_empty (it also means the last reduce read
         # sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half

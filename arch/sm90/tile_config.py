@@ -468,7 +468,7 @@ class BwdTileConfig:
 
     tile_m: int = 64  # query rows per mainloop iteration
     tile_n: int = 128  # keys per CTA
-    num_stages: int = 2  # Q (with lse) and dS smem stages
+    num_stages: int = 2  # Q (with lse) and dS smem stages (dS: one under single_ds)
     do_stages: int = 2  # dO (with D) and, under dkv_swap_ab, P smem stages
     num_mma_warpgroups: int = 2
     # walk the query tiles that see every key of the CTA's tile as a loop of their own,
@@ -520,6 +520,11 @@ class BwdTileConfig:
     # each), and dK^T / dV^T the same keys: each warpgroup's head-dim rows span the whole
     # head dim (any multiple of 64, so D = 192 without padding) and tile_n may be 96
     sdp_swap_ab: bool = True
+    # dS in one smem buffer instead of one per Q stage: a warpgroup overwrites its part of it
+    # only after the other warpgroup's dQ / dK GEMMs of the previous query tile read it (a
+    # pair of named barriers, FlashBwdSm90.mma). Frees tile_m x tile_n x 2 bytes (12 KB at
+    # 64 x 96) for a dQ half buffer per warpgroup at D = 192
+    single_ds: bool = False
 
     def __post_init__(self):
         if self.dq_stages not in (1, 2):
@@ -599,7 +604,8 @@ class BwdTileConfig:
         do = sdo * self.tile_m * head_dim_v * elem_bytes
         kv = self.tile_n * (dk + head_dim_v) * elem_bytes
         # dS, and P when dK / dV take it from smem
-        ds = (sq + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
+        ds_stages = 1 if self.single_ds else sq
+        ds = (ds_stages + sdo * self.dkv_swap_ab) * self.tile_m * self.tile_n * elem_bytes
         # fp32 staging for the dQ reduce-add
         dq = self.dq_stages * self.tile_m * dk * 4 // (1 + self.dq_half_staging)
         rows = (sq + sdo) * self.row_stage_stride * 4  # lse and D per query row
@@ -773,10 +779,15 @@ def _bwd_tiles(
         # dQ swizzle 444 / 435 (the 128-byte one as at D = 256, below); split_mask_loops 4k
         # causal 417 / 422, off: noise, as the unmasked (192, 128) 4k row, where no tile
         # needs a mask either way, read 418 / 434.
+        # D=192 fits the dQ half buffer per warpgroup with one dS buffer (single_ds), base /
+        # single_ds + dQ buffer per warpgroup (tune_bwd_d192_ds_h200.json): 4k 432 / 467, 4k
+        # causal 400 / 430, 16k causal 449 / 498. (192, 128), base / single_ds / single_ds
+        # with two dO stages (tune_bwd_d192v128_ds_h200.json): 4k 438 / 435 / 453, 4k causal
+        # 409 / 406 / 401: kept as it was.
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
-            sdp_swap_ab=False, dq_half_staging=True, dq_stages=1 if head_dim_v > 128 else 2,
-            dq_swizzle=128,
+            sdp_swap_ab=False, dq_half_staging=True, dq_stages=2, dq_swizzle=128,
+            single_ds=head_dim_v > 128,
         )  # fmt: skip
     if head_dim > 128:
         # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
