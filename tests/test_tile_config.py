@@ -429,13 +429,14 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             assert cfg.tile_head_dims(d, dv) == (d, dv)
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
         # what does not fit: a second dO stage, and at dv > 128 the whole dQ staged at once
-        # (one buffer, or one half buffer per warpgroup without single_ds)
+        # (one buffer, or one half buffer per warpgroup) unless dS takes one buffer
         cfg = bwd_tile_config(d, dv, False, False)
         assert dataclasses.replace(cfg, do_stages=2).smem_bytes(d, dv) > SMEM_BYTES_SM90
         if dv > 128:
-            whole = dataclasses.replace(cfg, dq_half_staging=False, dq_stages=1)
+            two_ds = dataclasses.replace(cfg, single_ds=False, dq_stages=1)
+            whole = dataclasses.replace(two_ds, dq_half_staging=False)
             assert whole.smem_bytes(d, dv) > SMEM_BYTES_SM90
-            two = dataclasses.replace(cfg, dq_stages=2, single_ds=False)
+            two = dataclasses.replace(two_ds, dq_stages=2)
             assert two.smem_bytes(d, dv) > SMEM_BYTES_SM90
     for d in (64, 96, 128):
         for causal, local, softcap, det in itertools.product((False, True), repeat=4):
