@@ -244,7 +244,11 @@ def preset_rows(preset: str) -> list[Row]:
                 mode="bwd"),
             Row(f"bwd b1 s16384 h10 d192{c}", 1, 16384, 16384, 10, 10, 192, 192, causal,
                 mode="bwd"),
+            Row(f"bwd b8 s1024 h16 d192/128{c}", 8, 1024, 1024, 16, 16, 192, 128, causal,
+                mode="bwd"),
             Row(f"bwd b4 s4096 h16 d192/128{c}", 4, 4096, 4096, 16, 16, 192, 128, causal,
+                mode="bwd"),
+            Row(f"bwd b1 s16384 h16 d192/128{c}", 1, 16384, 16384, 16, 16, 192, 128, causal,
                 mode="bwd"),
         ]  # fmt: skip
     rows += [
