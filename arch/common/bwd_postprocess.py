@@ -1,10 +1,11 @@
 """Backward postprocess: dQ = dq_acc * softmax_scale in the input dtype, one pass.
 
 The backward main kernel adds unscaled dS K partials into a (batch, seq, heads, dim) fp32
-accumulator; this reads it once and writes dQ (16-bit) in the same layout. Each thread
-converts a contiguous run of whole 16-byte output vectors: 8 elements (two 16-byte loads, one
-16-byte store) when head_dim / 8 is a power of two, else more (24 at head_dim 96:
-bwd_preprocess.row_threads).
+accumulator; this reads it once and writes dQ (16-bit) in the same layout. A group of
+threads owns a row; each converts every group-th run of 4 elements (a 16-byte load, an
+8-byte store; bwd_preprocess.lane_vectors), so each instruction of a group covers whole
+sectors. The group: 32 threads when head_dim / 4 is a multiple of 32, else the largest power
+of two dividing it (16 at head_dim 192, 8 at 96).
 
 Packed sequences (`varlen_tile_m` > 0): dq_acc holds sequence b's rows from
 seqlen.padded_row_offset (bwd_preprocess), dq is packed by cu_seqlens_q; both unit-batch.
@@ -19,7 +20,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .bwd_preprocess import row_threads, varlen_rows
+from .bwd_preprocess import lane_vectors, row_threads, varlen_rows
 
 NUM_THREADS = 128
 
@@ -34,8 +35,10 @@ class BwdPostprocess:
     def _setup_attributes(self):
         if self.head_dim % 8:
             raise ValueError("head_dim must be a multiple of 8 (16-byte vectors)")
-        self.threads_per_row = row_threads(self.head_dim, NUM_THREADS)
-        self.vec = self.head_dim // self.threads_per_row  # elements per thread
+        # 4-element runs: row_threads counts 16-bit elements in 16-byte vectors, so twice the
+        # head dim
+        self.threads_per_row = row_threads(2 * self.head_dim, 32)
+        self.vecs = self.head_dim // (4 * self.threads_per_row)  # runs per thread
         self.rows_per_cta = NUM_THREADS // self.threads_per_row
 
     @cute.jit
@@ -73,14 +76,13 @@ class BwdPostprocess:
             b = Int32(0)
             start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mdQ.shape[1], self.varlen_tile_m)
         if row < seqlen:
-            vec = self.vec
-            g_acc = cute.local_tile(mdQacc[b, pad + row, head, None], (vec,), (lane,))
-            r_acc = cute.make_rmem_tensor((vec,), Float32)
+            tpr, nv = self.threads_per_row, self.vecs
+            g_acc = lane_vectors(mdQacc[b, pad + row, head, None], lane, 4, tpr, nv)
+            r_acc = cute.make_rmem_tensor((4, nv), Float32)
             cute.autovec_copy(g_acc, r_acc)
-            r_dq = cute.make_rmem_tensor((vec,), self.dtype)
+            r_dq = cute.make_rmem_tensor((4, nv), self.dtype)
             r_dq.store((r_acc.load() * softmax_scale).to(self.dtype))
-            g_dq = cute.local_tile(mdQ[b, start + row, head, None], (vec,), (lane,))
-            cute.autovec_copy(r_dq, g_dq)
+            cute.autovec_copy(r_dq, lane_vectors(mdQ[b, start + row, head, None], lane, 4, tpr, nv))
 
 
 __all__ = ["BwdPostprocess", "NUM_THREADS"]

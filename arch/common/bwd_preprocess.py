@@ -9,9 +9,9 @@ tile_m):
     dsum[b, h, i]     = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32), 0 on padding rows
     dq_acc[b, i, h,:] = 0
 A group of threads owns a row (row_threads: dv / 8 when that is a power of two, else the
-largest power of two dividing it, e.g. 4 for dv = 96): each loads its contiguous whole
-16-byte vectors of dO and O and the group reduces with shuffles. The lse gradient, when there
-is one, is subtracted from dsum by the host.
+largest power of two dividing it, e.g. 4 for dv = 96): each loads every group-th 16-byte
+vector of dO and O (lane_vectors) and the group reduces with shuffles. The lse gradient, when
+there is one, is subtracted from dsum by the host.
 
 Packed sequences (`varlen_tile_m` > 0, the backward's tile_m): O, dO and lse are packed by
 cu_seqlens_q (unit batch; lse (1, heads, total_q)); lse_log2, dsum and dq_acc are per-row
@@ -20,8 +20,8 @@ a tile: the padding rows of each sequence get +inf / 0 like the dense tail. The 
 sequence and its x covers max_seqlen_q rounded up to the tile.
 
 Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
-aligned rows; head_dim and head_dim_v multiples of 8 with head_dim / row_threads(head_dim_v) a
-multiple of 4 (so each thread clears whole 16-byte chunks of the dQ row).
+aligned rows; head_dim and head_dim_v multiples of 8 with head_dim a multiple of
+4 * row_threads(head_dim_v) (so each thread clears as many 16-byte chunks of the dQ row).
 """
 
 from __future__ import annotations
@@ -51,6 +51,17 @@ def row_threads(dim: int, limit: int) -> int:
     return t
 
 
+def lane_vectors(row: cute.Tensor, lane: Int32, vec: int, threads: int, n: int) -> cute.Tensor:
+    """Vectors lane, lane + threads, lane + 2 threads, ... (n of them, vec elements each) of a
+    contiguous row, as a (vec, n) view. A group's accesses then cover threads x vec contiguous
+    elements per instruction, whole 32-byte sectors. Contiguous runs per thread (thread i
+    owning vectors i n .. i n + n - 1) touched half of each sector per instruction: at D=192
+    on the H200 that doubled the L2 write requests and made these kernels L2-bound, 107 / 58
+    us against FA4's 63 / 44 (docs/perf/ncu_bwd_d192_h200_details.csv)."""
+    layout = cute.make_layout((vec, threads, n), stride=(1, vec, vec * threads))
+    return cute.make_tensor(row.iterator, layout)[None, lane, None]
+
+
 def varlen_rows(
     mCuSeqlens: cute.Tensor, batch: Int32, total: Int32, tile: cutlass.Constexpr[int]
 ) -> tuple[Int32, Int32, Int32]:
@@ -76,10 +87,11 @@ class BwdPreprocess:
         if self.head_dim_v % 8 or self.head_dim % 8:
             raise ValueError("head dims must be multiples of 8 (16-byte vectors)")
         self.threads_per_row = row_threads(self.head_dim_v, 32)
-        self.vec = self.head_dim_v // self.threads_per_row  # dO / O elements per thread
-        self.dq_chunk = self.head_dim // self.threads_per_row
-        if self.dq_chunk % 4:
+        # 16-byte vectors a thread loads of dO / O (8 elements each) and clears of dQ (4 fp32)
+        self.o_vecs = self.head_dim_v // (8 * self.threads_per_row)
+        if self.head_dim % (4 * self.threads_per_row):
             raise ValueError("each thread must clear whole 16-byte chunks of the dQ row")
+        self.dq_vecs = self.head_dim // (4 * self.threads_per_row)
         self.rows_per_cta = NUM_THREADS // self.threads_per_row
 
     @cute.jit
@@ -130,18 +142,16 @@ class BwdPreprocess:
             rows = cute.ceil_div(seqlen, tm) * tm
         dot = Float32(0.0)
         if row < seqlen:
-            vec = self.vec
-            r_o = cute.make_rmem_tensor((vec,), self.dtype)
-            r_do = cute.make_rmem_tensor((vec,), self.dtype)
-            g_o = cute.local_tile(mO[b, start + row, head, None], (vec,), (lane,))
-            g_do = cute.local_tile(mdO[b, start + row, head, None], (vec,), (lane,))
-            cute.autovec_copy(g_o, r_o)
-            cute.autovec_copy(g_do, r_do)
+            tpr, nv = self.threads_per_row, self.o_vecs
+            r_o = cute.make_rmem_tensor((8, nv), self.dtype)
+            r_do = cute.make_rmem_tensor((8, nv), self.dtype)
+            cute.autovec_copy(lane_vectors(mO[b, start + row, head, None], lane, 8, tpr, nv), r_o)
+            cute.autovec_copy(lane_vectors(mdO[b, start + row, head, None], lane, 8, tpr, nv), r_do)
             prod = r_o.load().to(Float32) * r_do.load().to(Float32)
             dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
-            zeros = cute.make_rmem_tensor((self.dq_chunk,), Float32)
+            zeros = cute.make_rmem_tensor((4, self.dq_vecs), Float32)
             zeros.fill(0.0)
-            g_dq = cute.local_tile(mdQacc[b, pad + row, head, None], (self.dq_chunk,), (lane,))
+            g_dq = lane_vectors(mdQacc[b, pad + row, head, None], lane, 4, tpr, self.dq_vecs)
             cute.autovec_copy(zeros, g_dq)
         # every lane of the group takes part in the shuffles, padding rows included
         dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
@@ -154,4 +164,4 @@ class BwdPreprocess:
             mDsum[b, head, pad + row] = dot
 
 
-__all__ = ["BwdPreprocess", "NUM_THREADS", "row_threads", "varlen_rows"]
+__all__ = ["BwdPreprocess", "NUM_THREADS", "lane_vectors", "row_threads", "varlen_rows"]
