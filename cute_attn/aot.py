@@ -304,10 +304,11 @@ def _aux_jobs(arch, head_dims, dtypes):
         if head_dims and d not in head_dims:
             continue
         # the packed forms pad each sequence to the main kernel's tile_m (run_bwd_varlen),
-        # which the table picks from (causal, local, softcap, deterministic, group_heads)
+        # which the table picks from (causal, local, softcap, deterministic, group_heads,
+        # varlen)
         tms = {
             bwd_tile_config(d, dv, *flags).tile_m
-            for flags in itertools.product((False, True), repeat=5)
+            for flags in itertools.product((False, True), repeat=6)
         }
         for tm in (0, *sorted(tms)):
             form = f"varlen tile_m {tm}" if tm else "dense"

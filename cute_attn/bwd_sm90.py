@@ -72,7 +72,7 @@ def _bwd_key(
     group_heads,
 ):  # fmt: skip
     group_heads = group_heads and h > hkv
-    tile = bwd_tile_config(d, dv, causal, local, has_softcap, det, group_heads)
+    tile = bwd_tile_config(d, dv, causal, local, has_softcap, det, group_heads, varlen)
     tile = dataclasses.astuple(tile)
     return BwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen,

@@ -681,10 +681,14 @@ def bwd_tile_config(
     softcap: bool = False,
     deterministic: bool = False,
     group_heads: bool = False,
+    varlen: bool = False,
 ) -> BwdTileConfig:
     """Backward tuning table; pure function of static problem features (`group_heads`: the
-    GQA form whose CTA walks a KV head's query heads, chosen by bwd_group_heads)."""
-    cfg = _bwd_tiles(head_dim, head_dim_v, causal, local, softcap, deterministic, group_heads)
+    GQA form whose CTA walks a KV head's query heads, chosen by bwd_group_heads; `varlen`:
+    packed sequences)."""
+    cfg = _bwd_tiles(
+        head_dim, head_dim_v, causal, local, softcap, deterministic, group_heads, varlen
+    )
     # L2 sections under the causal mask (BwdTileConfig.l2_section_bytes; key tile 0 of every
     # pair in a section first). Round-robin, ms, base / sections of 32 MiB
     # (tune_bwd_l2sec_h200.json, tune_bwd_l2sec_b_h200.json): D=128 4k 1.451 / 1.415, 1k 0.530
@@ -709,6 +713,7 @@ def _bwd_tiles(
     softcap: bool,
     deterministic: bool,
     group_heads: bool = False,
+    varlen: bool = False,
 ) -> BwdTileConfig:
     """The backward table's tile shape, stages and dQ staging."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
@@ -783,11 +788,16 @@ def _bwd_tiles(
         # single_ds + dQ buffer per warpgroup (tune_bwd_d192_ds_h200.json): 4k 432 / 467, 4k
         # causal 400 / 430, 16k causal 449 / 498. (192, 128), base / single_ds / single_ds
         # with two dO stages (tune_bwd_d192v128_ds_h200.json): 4k 438 / 435 / 453, 4k causal
-        # 409 / 406 / 401: kept as it was.
+        # 409 / 406 / 401: kept as it was. Packed sequences at D=192 keep the warpgroups'
+        # turns on one dQ half buffer: with one each ptxas spills 5 registers (sm_90a, 8 / 2,
+        # 16 / 16 and 10 / 10 heads; so did the staging before single_ds at 16 / 16 and 10 /
+        # 10), with one buffer and single_ds none at any of those (nor at 32 / 8, 8 / 1).
+        # Not timed.
+        own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
-            sdp_swap_ab=False, dq_half_staging=True, dq_stages=2, dq_swizzle=128,
-            single_ds=head_dim_v > 128,
+            sdp_swap_ab=False, dq_half_staging=True, dq_stages=2 if own_dq else 1,
+            dq_swizzle=128, single_ds=head_dim_v > 128,
         )  # fmt: skip
     if head_dim > 128:
         # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
