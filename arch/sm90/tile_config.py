@@ -788,16 +788,17 @@ def _bwd_tiles(
         # single_ds + dQ buffer per warpgroup (tune_bwd_d192_ds_h200.json): 4k 432 / 467, 4k
         # causal 400 / 430, 16k causal 449 / 498. (192, 128), base / single_ds / single_ds
         # with two dO stages (tune_bwd_d192v128_ds_h200.json): 4k 438 / 435 / 453, 4k causal
-        # 409 / 406 / 401: kept as it was. Packed sequences at D=192 keep the warpgroups'
-        # turns on one dQ half buffer: with one each ptxas spills 5 registers (sm_90a, 8 / 2,
-        # 16 / 16 and 10 / 10 heads; so did the staging before single_ds at 16 / 16 and 10 /
-        # 10), with one buffer and single_ds none at any of those (nor at 32 / 8, 8 / 1).
-        # Not timed.
+        # 409 / 406 / 401: kept as it was. Packed sequences at D=192 keep the staging they
+        # had (two dS stages, the warpgroups' turns on one dQ half buffer): with a buffer per
+        # warpgroup ptxas spills 5 registers there (sm_90a; 8 / 2, 16 / 16 and 10 / 10
+        # heads). That staging spills 5 too at 16 / 16 and 10 / 10 heads (not at 8 / 2, 32 /
+        # 8, 8 / 1); single_ds with one buffer spills at none of the five, but has not run
+        # on the GPU. Not timed.
         own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
             sdp_swap_ab=False, dq_half_staging=True, dq_stages=2 if own_dq else 1,
-            dq_swizzle=128, single_ds=head_dim_v > 128,
+            dq_swizzle=128, single_ds=head_dim_v > 128 and own_dq,
         )  # fmt: skip
     if head_dim > 128:
         # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
