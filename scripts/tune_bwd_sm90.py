@@ -9,6 +9,9 @@ median and p95 over --reps, TFLOP/s counting 2.5x the forward FLOPs like the ben
 
     python scripts/tune_bwd_sm90.py --out tune_bwd.json --shapes d128-16k,d128-16k-causal \
         --variant base= --variant split=split_mask_loops=True --variant det=deterministic=1
+
+--varlen runs each shape's batch as that many packed sequences of seqlen tokens
+(cu_seqlens, `run_bwd_varlen`), the varlen kernels' own table entries and code.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import statistics
 
 import torch
 
-from cute_attn import validation
+from cute_attn import api, validation
 from cute_attn.arch.sm90.tile_config import BwdTileConfig
 from cute_attn.bench import visible_pairs
-from cute_attn.bwd_sm90 import bwd_key, run_bwd
+from cute_attn.bwd_sm90 import bwd_key, run_bwd, run_bwd_varlen
 from cute_attn.fwd_sm90 import run_fwd
 from cute_attn.reference import attention_ref, attention_ref_backward
 
@@ -118,6 +121,51 @@ def problem(q, k, v, causal, deterministic=False, mask=None):
     )  # fmt: skip
 
 
+class Packed:
+    """--varlen: a dense (B, S, H, D) problem run as B packed sequences of S tokens. Same
+    calls as the dense path (problem, fwd, bwd) over the packed views; gradients come back in
+    the dense shapes, so the reference check is the dense one."""
+
+    @staticmethod
+    def _cu(t):
+        b, s = t.shape[:2]
+        return torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=t.device)
+
+    @staticmethod
+    def _flat(t):
+        return t.reshape(-1, *t.shape[2:])
+
+    @classmethod
+    def problem(cls, q, k, v, causal, deterministic=False, mask=None):
+        mask = mask or dict(window_size=(None, None), softcap=0.0)
+        return validation.validate_varlen(
+            *(cls._flat(t) for t in (q, k, v)), cu_seqlens_q=cls._cu(q), cu_seqlens_k=cls._cu(k),
+            max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1], seqused_q=None, seqused_k=None,
+            page_table=None, softmax_scale=None, causal=causal, num_splits=0, pack_gqa=None,
+            deterministic=deterministic, **mask,
+        )  # fmt: skip
+
+    @classmethod
+    def fwd(cls, q, k, v, p):
+        out, lse = api.flash_attn_varlen_func(
+            *(cls._flat(t) for t in (q, k, v)), cu_seqlens_q=cls._cu(q),
+            cu_seqlens_k=cls._cu(k), max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1],
+            causal=p.causal, window_size=(p.window_left, p.window_right), softcap=p.softcap,
+        )  # fmt: skip
+        b, s, h = q.shape[:3]
+        return out.view(b, s, h, -1), lse.view(h, b, s).transpose(0, 1)
+
+    @classmethod
+    def bwd(cls, q, k, v, out, lse, dout, p, key):
+        flat = (cls._flat(t) for t in (q, k, v, out))
+        lse = lse.transpose(0, 1).reshape(lse.shape[1], -1)
+        g = run_bwd_varlen(
+            *flat, lse, cls._flat(dout), p, cu_seqlens_q=cls._cu(q), cu_seqlens_k=cls._cu(k),
+            key=key,
+        )  # fmt: skip
+        return tuple(t.view(r.shape) for t, r in zip(g, (q, k, v)))
+
+
 def variant_key(p, overrides: dict, group: bool = False):
     key = bwd_key(p, group_heads=group)
     cfg = dataclasses.replace(BwdTileConfig(*key.tile), **overrides)
@@ -132,7 +180,16 @@ def main():
     ap.add_argument("--out", default="tune_bwd.json")
     ap.add_argument("--softcap", type=float, default=0.0, help="every shape and variant")
     ap.add_argument("--window", default=None, help="LEFT,RIGHT for every shape (-1: none)")
+    ap.add_argument("--varlen", action="store_true", help="B packed sequences of S tokens")
     args = ap.parse_args()
+    if args.varlen:
+        mk_problem, fwd, bwd = Packed.problem, Packed.fwd, Packed.bwd
+    else:
+        mk_problem, fwd = problem, run_fwd
+
+        def bwd(q, k, v, out, lse, dout, p, key):
+            return run_bwd(q, k, v, out, lse, dout, p, key=key)
+
     win = (None, None)
     if args.window:
         win = tuple(None if int(x) < 0 else int(x) for x in args.window.split(","))
@@ -155,23 +212,23 @@ def main():
             *(t.float() for t in small), ref_o, ref_lse, do_small.float(), causal=causal, **mask
         )
         big = [rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, dv)]
-        p_big = problem(*big, causal, mask=mask)
-        o_big, lse_big = run_fwd(*big, p_big)
+        p_big = mk_problem(*big, causal, mask=mask)
+        o_big, lse_big = fwd(*big, p_big)
         do_big = rnd(*o_big.shape)
         flops = 2.5 * 2 * b * h * (d + dv) * visible_pairs(s, s, causal, win)
         live = []
         for name, ov in variants:
             try:
                 overrides, det, group = parse_override(ov)
-                p_small = problem(*small, causal, det, mask)
+                p_small = mk_problem(*small, causal, det, mask)
                 key, cfg = variant_key(p_small, overrides, group)
-                o_s, lse_s = run_fwd(*small, p_small)
-                g = run_bwd(*small, o_s, lse_s, do_small, p_small, key=key)
+                o_s, lse_s = fwd(*small, p_small)
+                g = bwd(*small, o_s, lse_s, do_small, p_small, key)
                 err = max((a.float() - r).abs().max().item() for a, r in zip(g, ref_g))
                 p = dataclasses.replace(p_big, deterministic=det)
                 key_big, _ = variant_key(p, overrides, group)
                 for _ in range(2):
-                    run_bwd(*big, o_big, lse_big, do_big, p, key=key_big)
+                    bwd(*big, o_big, lse_big, do_big, p, key_big)
                 live.append((name, cfg, det, p, key_big, err, []))
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
@@ -180,10 +237,10 @@ def main():
                 # a call queued before the first event and INNER calls between the events: the
                 # host's launch work overlaps GPU work instead of showing up as idle time
                 st, en = torch.cuda.Event(True), torch.cuda.Event(True)
-                run_bwd(*big, o_big, lse_big, do_big, p, key=key)
+                bwd(*big, o_big, lse_big, do_big, p, key)
                 st.record()
                 for _ in range(INNER):
-                    run_bwd(*big, o_big, lse_big, do_big, p, key=key)
+                    bwd(*big, o_big, lse_big, do_big, p, key)
                 en.record()
                 en.synchronize()
                 times.append(st.elapsed_time(en) / INNER)
@@ -192,7 +249,7 @@ def main():
             med = statistics.median(times)
             p95 = times[int(0.95 * (len(times) - 1))]
             row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg),
-                       deterministic=det, err=err, median_ms=med, p95_ms=p95,
+                       deterministic=det, varlen=args.varlen, err=err, median_ms=med, p95_ms=p95,
                        tflops=flops / med / 1e9)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)

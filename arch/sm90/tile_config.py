@@ -798,7 +798,7 @@ def _bwd_tiles(
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
             sdp_swap_ab=False, dq_half_staging=True, dq_stages=2 if own_dq else 1,
-            dq_swizzle=128, single_ds=head_dim_v > 128 and own_dq,
+            dq_swizzle=128, single_ds=head_dim_v > 128,
         )  # fmt: skip
     if head_dim > 128:
         # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
