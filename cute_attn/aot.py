@@ -144,6 +144,7 @@ def _variant_problems(head_dims, dtypes, heads):
         BWD_HEAD_DIMS,
         SUPPORTED_HEAD_DIMS,
         bwd_group_heads,
+        bwd_short_rows,
         fwd_persistent,
     )
 
@@ -158,11 +159,12 @@ def _variant_problems(head_dims, dtypes, heads):
     fwd = [(f, "", {}) for f in FEATURES] + [(feature_row(kw), lbl, kw) for lbl, kw in FWD_INPUTS]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
     # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections;
-    # built where the rule can take it)
+    # built where the rule can take it), and the short causal bucket (bwd_short_rows)
     bwd = [(f, "", {}) for f in BWD_FEATURES] + [
         (causal, "varlen", {"varlen": True}), (plain, "group_heads", {"group_heads": True}),
         (causal, "group_heads", {"group_heads": True}),
         (causal, "varlen group_heads", {"varlen": True, "group_heads": True}),
+        (causal, "short", {"short": True}),
     ]  # fmt: skip
     kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, fwd), ("sm90_bwd", BWD_HEAD_DIMS, bwd))
     for kind, table, variants in kinds:
@@ -180,6 +182,11 @@ def _variant_problems(head_dims, dtypes, heads):
             # the tall one only where it differs (D=64)
             if inputs.get("persistent") and (
                 not fwd_persistent(d, 1, left, right) or (inputs.get("tall") and d > 64)
+            ):
+                continue
+            # short-rows tiles only where the runtime rule can pick them (their own tile)
+            if inputs.get("short") and not bwd_short_rows(
+                d, causal, p.is_local, deterministic, False, False, 1
             ):
                 continue
             # grouped variants only where the runtime rule can pick them (any grid size)
@@ -220,7 +227,8 @@ def compile_variants(
 
     def make_bwd_key(p, arch, inputs):
         p = dataclasses.replace(p, varlen=inputs.get("varlen", False))
-        return bwd_key(p, arch, group_heads=inputs.get("group_heads", False))
+        group, short = inputs.get("group_heads", False), inputs.get("short", False)
+        return bwd_key(p, arch, group_heads=group, short=short)
 
     builders = {"sm90_fwd": (build_fwd, make_fwd_key), "sm90_bwd": (build_bwd, make_bwd_key)}
 

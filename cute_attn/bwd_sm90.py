@@ -10,7 +10,9 @@ around it, all on the caller's stream:
     input dtype; for GQA / MQA dK and dV (written per query head) are summed in fp32 over the
     query heads sharing a KV head by torch, unless the key's `group_heads` variant ran (a CTA
     per KV head walking its query heads, the sum in the kernel's registers; chosen by
-    `runtime_bwd_key` from the grid size, tile_config.bwd_group_heads).
+    `runtime_bwd_key` from the grid size, tile_config.bwd_group_heads). runtime_bwd_key also
+    puts dense causal calls of at most 2k query rows at D = 96 / 128 on 64-row tiles
+    (tile_config.bwd_short_rows).
 
 `backward(...)` is the entry the autograd formulas call: SM90 kernel when it serves the
 problem, else the reference's analytic backward (recorded in `last_dispatch()`, warned once).
@@ -33,6 +35,7 @@ from .arch.sm90.tile_config import (
     BWD_HEAD_DIMS,
     BwdTileConfig,
     bwd_group_heads,
+    bwd_short_rows,
     bwd_tile_config,
 )
 from .cache import KernelKey, compiled_cache, export_only
@@ -62,17 +65,21 @@ class BwdKey(Sm90Key):
     group_heads: bool = False
 
 
-def bwd_key(p: AttnProblem, arch: str = ARCH, group_heads: bool = False) -> BwdKey:
-    return _bwd_key(arch, *static_features(p), p.deterministic, p.varlen, group_heads)
+def bwd_key(
+    p: AttnProblem, arch: str = ARCH, group_heads: bool = False, short: bool = False
+) -> BwdKey:
+    """The key of p's backward variant; `group_heads` and `short` are the run-time buckets
+    (tile_config.bwd_group_heads, bwd_short_rows) that runtime_bwd_key decides."""
+    return _bwd_key(arch, *static_features(p), p.deterministic, p.varlen, group_heads, short)
 
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_key(
     arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, causal, local, det, varlen,
-    group_heads,
+    group_heads, short=False,
 ):  # fmt: skip
     group_heads = group_heads and h > hkv
-    tile = bwd_tile_config(d, dv, causal, local, has_softcap, det, group_heads, varlen)
+    tile = bwd_tile_config(d, dv, causal, local, has_softcap, det, group_heads, varlen, short)
     tile = dataclasses.astuple(tile)
     return BwdKey(
         arch, dtype, d, dv, h, hkv, has_left, has_right, has_softcap, det, tile, varlen,
@@ -82,7 +89,8 @@ def _bwd_key(
 
 def runtime_bwd_key(p: AttnProblem, batch: int, seqlen_k: int) -> BwdKey:
     """The key a call runs: bwd_key with group_heads decided from the grid it would launch
-    (batch sequences, the longest seqlen_k keys) and the device's SM count."""
+    (batch sequences, the longest seqlen_k keys) and the device's SM count, and the short
+    causal bucket from p.seqlen_q (the longest sequence when packed)."""
     tile_n = BwdTileConfig(*bwd_key(p).tile).tile_n
     ctas = batch * p.num_heads_kv * -(-seqlen_k // tile_n)
     sms = _num_sms(p.device_index)
@@ -96,7 +104,10 @@ def runtime_bwd_key(p: AttnProblem, batch: int, seqlen_k: int) -> BwdKey:
         ctas,
         sms,
     )
-    return bwd_key(p, group_heads=group)
+    short = bwd_short_rows(
+        p.head_dim, p.causal, p.is_local, p.deterministic, p.varlen, group, p.seqlen_q
+    )
+    return bwd_key(p, group_heads=group, short=short)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,9 +39,8 @@ def seed():
 
 
 @pytest.fixture
-def grouped_heads(monkeypatch):
-    """Force the GQA backward's group_heads variant (a CTA per KV head walking its query
-    heads) whenever there is a group, whatever the grid size; yields the BwdKeys built, so a
+def built_bwd_keys(monkeypatch):
+    """The BwdKeys the backward asks for during a test, in order (a spy on build_bwd), so a
     test can check that the variant it meant ran."""
     import cute_attn.bwd_sm90 as host
 
@@ -52,6 +51,15 @@ def grouped_heads(monkeypatch):
         built.append(key)
         return build(key)
 
-    monkeypatch.setattr(host, "bwd_group_heads", lambda group, *_: group > 1)
     monkeypatch.setattr(host, "build_bwd", spy)
-    yield built
+    return built
+
+
+@pytest.fixture
+def grouped_heads(monkeypatch, built_bwd_keys):
+    """Force the GQA backward's group_heads variant (a CTA per KV head walking its query
+    heads) whenever there is a group, whatever the grid size; yields the BwdKeys built."""
+    import cute_attn.bwd_sm90 as host
+
+    monkeypatch.setattr(host, "bwd_group_heads", lambda group, *_: group > 1)
+    yield built_bwd_keys

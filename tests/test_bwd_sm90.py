@@ -146,6 +146,27 @@ def test_bwd_group_heads_lse_gradient(grouped_heads):
     assert [key.group_heads for key in grouped_heads] == [True]
 
 
+# dense causal calls of at most 2k query rows at D = 96 / 128 run 64-row tiles
+# (tile_config.bwd_short_rows); "table" forces the taller tiles longer calls run onto the
+# same shapes, so both kernels see the diagonal, residual tiles and odd lengths
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ["auto", "table"])
+@pytest.mark.parametrize("d", [96, 128])
+@pytest.mark.parametrize(
+    "sq,sk", [(113, 203), (777, 333), (1024, 1024), (2048, 1999), (2100, 1500)]
+)
+def test_bwd_causal_short_rows(monkeypatch, built_bwd_keys, rows, d, sq, sk):
+    import cute_attn.bwd_sm90 as host
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    if rows == "table":
+        monkeypatch.setattr(host, "bwd_short_rows", lambda *_: False)
+    _check(*_inputs(sweep_batch(sq, sk), sq, sk, 6, 2, d, d, torch.bfloat16), causal=True)
+    taller = {96: 96, 128: 80}[d]
+    want = 64 if rows == "auto" and sq <= 2048 else taller
+    assert [BwdTileConfig(*key.tile).tile_m for key in built_bwd_keys] == [want]
+
+
 # L2 sections (the causal table's launch order): a budget of three (head, batch) pairs makes
 # sections of two and a last one of one, so every CTA's renamed (key tile, head, batch) and the
 # remainder section are checked against the reference; grouped too (pairs of KV heads)

@@ -11,6 +11,8 @@ from cute_attn.arch.common.features import InputFeatures
 from cute_attn.arch.sm90.tile_config import (
     FwdTileConfig,
     bwd_group_heads,
+    bwd_short_rows,
+    bwd_tile_config,
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_tile_config,
@@ -503,6 +505,30 @@ def test_bwd_group_heads_rule():
     assert not rule(4, 1024, local=True) and not rule(4, 1024, causal=True, local=True)
     assert rule(4, 1024, d=64) and rule(4, 1024, causal=True, d=96)
     assert not rule(4, 1024, causal=True, d=64)  # that variant spills (32 B)
+
+
+def test_bwd_short_rows_rule_and_tiles():
+    # dense causal problems of at most 2k query rows at D = 96 / 128 take 64 query rows
+    # (+2.4-3.9% at 1k-2k, tune_bwd_short_rows_h200.json); longer, unmasked, windowed,
+    # deterministic, packed and grouped calls keep the table's tile
+    from cute_attn.arch.sm90.tile_config import BWD_SHORT_ROWS_MAX_SEQLEN
+
+    def rule(d=128, causal=True, local=False, det=False, varlen=False, group=False, sq=1024):
+        return bwd_short_rows(d, causal, local, det, varlen, group, sq)
+
+    assert BWD_SHORT_ROWS_MAX_SEQLEN == 2048
+    assert rule() and rule(d=96) and rule(sq=2048) and rule(sq=1)
+    assert not rule(sq=2049) and not rule(causal=False) and not rule(local=True)
+    assert not rule(det=True) and not rule(varlen=True) and not rule(group=True)
+    assert not any(rule(d=d) for d in (64, 192, 256))
+    for d, long_rows in ((96, 96), (128, 80)):
+        base = bwd_tile_config(d, d, True, False)
+        short = bwd_tile_config(d, d, True, False, short=True)
+        assert (base.tile_m, short.tile_m) == (long_rows, 64)
+        assert short == dataclasses.replace(base, tile_m=64)  # the same kernel on fewer rows
+        # softcap's tile has 64 rows already: the bucket changes nothing there
+        sc = bwd_tile_config(d, d, True, False, softcap=True)
+        assert bwd_tile_config(d, d, True, False, softcap=True, short=True) == sc
 
 
 def test_bwd_l2_sections_where_measured():

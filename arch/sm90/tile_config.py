@@ -626,6 +626,33 @@ BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 2
 # runs grouped (bwd_group_heads)
 BWD_L2_SECTION_BYTES = 32 * 1024 * 1024
 BWD_GROUP_MAX_MASKED = 4
+# the longest dense causal query length that takes the short-rows tiles (bwd_short_rows)
+BWD_SHORT_ROWS_MAX_SEQLEN = 2048
+
+
+def bwd_short_rows(
+    head_dim: int,
+    causal: bool,
+    local: bool,
+    deterministic: bool,
+    varlen: bool,
+    group_heads: bool,
+    seqlen_q: int,
+) -> bool:
+    """Whether a backward call takes 64 query rows where the table's tile has more (D = 96:
+    96, D = 128: 80; both dQ^T = K^T dS^T): dense causal problems of at most
+    BWD_SHORT_ROWS_MAX_SEQLEN query rows. There the causal diagonal and the last, partly
+    filled query tile are a larger share of each CTA's walk, and the shorter tile wastes less
+    of both. Round-robin, TFLOP/s, the table's rows / 64 rows (tune_bwd_short_rows_h200.json,
+    bf16, 2048 model dims): D=96 1k causal 298.6 / 310.3, 2k causal 379.3 / 389.8; D=128 1k
+    causal 346.2 / 354.4; same gradients (err columns). Not where 64 rows lose: D=96 1k
+    unmasked 408.4 / 399.6 (same file); D=96 4k causal 421 / 416 (tune_bwd_d96_rows_h200.json);
+    D=128 4k causal 489 / 488 on an H100 (tune_bwd_m80_h100.json). The deterministic order,
+    windows, group_heads (already 64 rows at D=128) and packed sequences (whose longest
+    sequence would pick it for all) were not measured: they keep the table's tile."""
+    if head_dim not in (96, 128) or not causal or local or deterministic:
+        return False
+    return not varlen and not group_heads and seqlen_q <= BWD_SHORT_ROWS_MAX_SEQLEN
 
 
 def bwd_group_heads(
@@ -682,12 +709,13 @@ def bwd_tile_config(
     deterministic: bool = False,
     group_heads: bool = False,
     varlen: bool = False,
+    short: bool = False,
 ) -> BwdTileConfig:
     """Backward tuning table; pure function of static problem features (`group_heads`: the
     GQA form whose CTA walks a KV head's query heads, chosen by bwd_group_heads; `varlen`:
-    packed sequences)."""
+    packed sequences; `short`: the short causal bucket, chosen by bwd_short_rows)."""
     cfg = _bwd_tiles(
-        head_dim, head_dim_v, causal, local, softcap, deterministic, group_heads, varlen
+        head_dim, head_dim_v, causal, local, softcap, deterministic, group_heads, varlen, short
     )
     # L2 sections under the causal mask (BwdTileConfig.l2_section_bytes; key tile 0 of every
     # pair in a section first). Round-robin, ms, base / sections of 32 MiB
@@ -714,6 +742,7 @@ def _bwd_tiles(
     deterministic: bool,
     group_heads: bool = False,
     varlen: bool = False,
+    short: bool = False,
 ) -> BwdTileConfig:
     """The backward table's tile shape, stages and dQ staging."""
     if (head_dim, head_dim_v) not in BWD_HEAD_DIMS:
@@ -766,9 +795,9 @@ def _bwd_tiles(
         # History: the padded D = 128 kernel had beaten D = 96's own tiles with dQ on one
         # warpgroup (N = 96, tune_bwd_d96_single_dq_h200.json: 16k 431 / 449), a variant since
         # removed.
-        tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle)
+        tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle, short)
         if tile.dq_swap_ab:
-            return dataclasses.replace(tile, tile_m=96, dq_head_dim=128)
+            return dataclasses.replace(tile, tile_m=64 if short else 96, dq_head_dim=128)
         return dataclasses.replace(tile, padded_head_dim=128)
     if head_dim == 192:
         # S = Q K^T with the warpgroups splitting 96 keys (sdp_swap_ab=False): dK^T / dV^T
@@ -824,7 +853,7 @@ def _bwd_tiles(
         # pay (tune_bwd_sc_d64_h200.json, softcap 30, round-robin, TFLOP/s, dQ / dQ^T): 4k
         # 413 / 404, 4k causal 373 / 373.
         return _bwd_64_rows(dq_swizzle)
-    return _bwd_d128_tile(softcap, group_heads, dq_swizzle)
+    return _bwd_d128_tile(softcap, group_heads, dq_swizzle, short)
 
 
 def _bwd_64_rows(dq_swizzle: int) -> BwdTileConfig:
@@ -843,7 +872,9 @@ def _bwd_64_rows(dq_swizzle: int) -> BwdTileConfig:
     return BwdTileConfig(dq_swizzle=dq_swizzle, dq_half_staging=True, dq_stages=2)
 
 
-def _bwd_d128_tile(softcap: bool, group_heads: bool, dq_swizzle: int) -> BwdTileConfig:
+def _bwd_d128_tile(
+    softcap: bool, group_heads: bool, dq_swizzle: int, short: bool = False
+) -> BwdTileConfig:
     """D = 128 (and D = 96 over zero-filled columns), every mask and order; softcap and
     group_heads excepted (below).
 
@@ -869,10 +900,11 @@ def _bwd_d128_tile(softcap: bool, group_heads: bool, dq_swizzle: int) -> BwdTile
     round-robin, TFLOP/s, dQ / dQ^T): MQA 32/1 4 x 4k causal 277 / 311, GQA 32/8 4 x 4k
     causal 521 / 524, 16k causal 572 / 568. Under softcap it was within 1.6% either way
     (tune_bwd_sc_d128_h200.json, softcap 30): 4k 531 / 538, 16k causal 554 / 549, 1k 418 /
-    425, so softcap keeps dQ = dS K, the form its GPU tests ran longest."""
+    425, so softcap keeps dQ = dS K, the form its GPU tests ran longest. Short causal
+    problems take 64 rows too (bwd_short_rows)."""
     if softcap:
         return _bwd_64_rows(dq_swizzle)
     return BwdTileConfig(
-        tile_m=64 if group_heads else 80, dq_swap_ab=True, dq_swizzle=128,
+        tile_m=64 if group_heads or short else 80, dq_swap_ab=True, dq_swizzle=128,
         dq_half_staging=True, dq_stages=2,
     )  # fmt: skip
