@@ -37,6 +37,7 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d128-4k-causal": (4, 4096, 16, 128, True),
     "d128-1k": (16, 1024, 16, 128, False),
     "d128-1k-causal": (16, 1024, 16, 128, True),
+    "d128-2k-causal": (8, 2048, 16, 128, True),
     "d64-16k": (1, 16384, 32, 64, False),
     "d64-16k-causal": (1, 16384, 32, 64, True),
     "d64-4k": (4, 4096, 32, 64, False),
