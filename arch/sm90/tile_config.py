@@ -643,11 +643,12 @@ def bwd_short_rows(
     96, D = 128: 80; both dQ^T = K^T dS^T): dense causal problems of at most
     BWD_SHORT_ROWS_MAX_SEQLEN query rows. There the causal diagonal and the last, partly
     filled query tile are a larger share of each CTA's walk, and the shorter tile wastes less
-    of both. Round-robin, TFLOP/s, the table's rows / 64 rows (tune_bwd_short_rows_h200.json,
-    bf16, 2048 model dims): D=96 1k causal 298.6 / 310.3, 2k causal 379.3 / 389.8; D=128 1k
-    causal 346.2 / 354.4; same gradients (err columns). Not where 64 rows lose: D=96 1k
-    unmasked 408.4 / 399.6 (same file); D=96 4k causal 421 / 416 (tune_bwd_d96_rows_h200.json);
-    D=128 4k causal 489 / 488 on an H100 (tune_bwd_m80_h100.json). The deterministic order,
+    of both. Round-robin on the H200, TFLOP/s, the table's rows / 64 rows
+    (tune_bwd_short_rows_h200.json, bf16, 2048 model dims): D=96 1k causal 298.6 / 310.3, 2k
+    causal 379.3 / 389.8; D=128 1k causal 346.2 / 354.4, 2k causal 463.9 / 470.0; same
+    gradients (err columns). Not where 64 rows lose or tie: D=96 4k causal 456.5 / 449.5,
+    D=128 4k causal 509.0 / 510.8, D=96 1k unmasked 408.4 / 399.6 (same file). The
+    deterministic order,
     windows, group_heads (already 64 rows at D=128) and packed sequences (whose longest
     sequence would pick it for all) were not measured: they keep the table's tile."""
     if head_dim not in (96, 128) or not causal or local or deterministic:
@@ -817,12 +818,13 @@ def _bwd_tiles(
         # single_ds + dQ buffer per warpgroup (tune_bwd_d192_ds_h200.json): 4k 432 / 467, 4k
         # causal 400 / 430, 16k causal 449 / 498. (192, 128), base / single_ds / single_ds
         # with two dO stages (tune_bwd_d192v128_ds_h200.json): 4k 438 / 435 / 453, 4k causal
-        # 409 / 406 / 401: kept as it was. Packed sequences at D=192 keep the staging they
-        # had (two dS stages, the warpgroups' turns on one dQ half buffer): with a buffer per
-        # warpgroup ptxas spills 5 registers there (sm_90a; 8 / 2, 16 / 16 and 10 / 10
-        # heads). That staging spills 5 too at 16 / 16 and 10 / 10 heads (not at 8 / 2, 32 /
-        # 8, 8 / 1); single_ds with one buffer spills at none of the five, but has not run
-        # on the GPU. Not timed.
+        # 409 / 406 / 401: kept as it was. Packed sequences at D=192 take single_ds with the
+        # warpgroups' turns on one dQ half buffer: a buffer per warpgroup spills 5 registers
+        # there (sm_90a; 8 / 2, 16 / 16 and 10 / 10 heads), and so did the two dS stages
+        # before at 16 / 16 and 10 / 10 heads; one dS buffer spills at none of 8 / 2, 16 /
+        # 16, 10 / 10, 32 / 8, 8 / 1. Packed 4 x 4k, 10 heads, round-robin, TFLOP/s, one /
+        # two dS buffers (tune_bwd_varlen_d192_single_ds_h200.json): 444.3 / 446.8, causal
+        # 424.7 / 418.9; same gradients.
         own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
