@@ -90,7 +90,7 @@ def _bwd_key(
 def runtime_bwd_key(p: AttnProblem, batch: int, seqlen_k: int) -> BwdKey:
     """The key a call runs: bwd_key with group_heads decided from the grid it would launch
     (batch sequences, the longest seqlen_k keys) and the device's SM count, and the short
-    causal bucket from p.seqlen_q (the longest sequence when packed)."""
+    causal bucket from p.seqlen_q (dense calls only)."""
     tile_n = BwdTileConfig(*bwd_key(p).tile).tile_n
     ctas = batch * p.num_heads_kv * -(-seqlen_k // tile_n)
     sms = _num_sms(p.device_index)

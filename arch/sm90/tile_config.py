@@ -648,9 +648,9 @@ def bwd_short_rows(
     causal 379.3 / 389.8; D=128 1k causal 346.2 / 354.4, 2k causal 463.9 / 470.0; same
     gradients (err columns). Not where 64 rows lose or tie: D=96 4k causal 456.5 / 449.5,
     D=128 4k causal 509.0 / 510.8, D=96 1k unmasked 408.4 / 399.6 (same file). The
-    deterministic order,
-    windows, group_heads (already 64 rows at D=128) and packed sequences (whose longest
-    sequence would pick it for all) were not measured: they keep the table's tile."""
+    deterministic order, windows, group_heads (already 64 rows at D=128) and packed sequences
+    (whose longest sequence would pick it for all) were not measured: they keep the table's
+    tile."""
     if head_dim not in (96, 128) or not causal or local or deterministic:
         return False
     return not varlen and not group_heads and seqlen_q <= BWD_SHORT_ROWS_MAX_SEQLEN
