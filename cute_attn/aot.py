@@ -186,7 +186,7 @@ def _variant_problems(head_dims, dtypes, heads):
                 continue
             # short-rows tiles only where the runtime rule can pick them (their own tile)
             if inputs.get("short") and not bwd_short_rows(
-                d, causal, p.is_local, deterministic, False, False, 1
+                d, causal, p.is_local, deterministic, varlen=False, group_heads=False, seqlen_q=1
             ):
                 continue
             # grouped variants only where the runtime rule can pick them (any grid size)

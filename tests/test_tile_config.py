@@ -9,6 +9,7 @@ import pytest
 
 from cute_attn.arch.common.features import InputFeatures
 from cute_attn.arch.sm90.tile_config import (
+    BWD_SHORT_ROWS_MAX_SEQLEN,
     FwdTileConfig,
     bwd_group_heads,
     bwd_short_rows,
@@ -511,8 +512,6 @@ def test_bwd_short_rows_rule_and_tiles():
     # dense causal problems of at most 2k query rows at D = 96 / 128 take 64 query rows
     # (+2.4-3.9% at 1k-2k, tune_bwd_short_rows_h200.json); longer, unmasked, windowed,
     # deterministic, packed and grouped calls keep the table's tile
-    from cute_attn.arch.sm90.tile_config import BWD_SHORT_ROWS_MAX_SEQLEN
-
     def rule(d=128, causal=True, local=False, det=False, varlen=False, group=False, sq=1024):
         return bwd_short_rows(d, causal, local, det, varlen, group, sq)
 
