@@ -176,7 +176,9 @@ def test_pin_pv_wait_where_measured():
     # D=64 holds the PV wait with an anchor on 2 probabilities (64-row tile) or 4 (192-row
     # tile, with row_max_form 2), next to the split loops (tune_fwd_d64_split*_h200.json,
     # tune_fwd_rowmax_*_h200.json); D=96 / 128 with an anchor on 4
-    # (tune_fwd_anchor_k*_h200.json); off for D >= 192 and packed decode, where it lost
+    # (tune_fwd_anchor_k*_h200.json), D=256 too under the causal mask
+    # (tune_fwd_d256_anchor_h200.json); off for D=192, D=256 without a causal mask and packed
+    # decode, where it lost or was not measured
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
     for causal, local in ((False, False), (True, False), (False, True)):
@@ -186,8 +188,10 @@ def test_pin_pv_wait_where_measured():
         for d in (96, 128):
             cfg = fwd_tile_config(d, d, causal, local)
             assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 4
-        for d, dv in ((192, 192), (192, 128), (256, 256)):
+        for d, dv in ((192, 192), (192, 128)):
             assert not fwd_tile_config(d, dv, causal, local).pin_pv_wait
+        cfg = fwd_tile_config(256, 256, causal, local)
+        assert cfg.pin_pv_wait == causal and cfg.pin_pv_anchor == (4 if causal else 0)
     assert not fwd_tile_config(128, 128, False, False, decode=True).pin_pv_wait
     with pytest.raises(ValueError, match="intra_wg_overlap"):
         FwdTileConfig(intra_wg_overlap=False, pin_pv_wait=True)

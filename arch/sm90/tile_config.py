@@ -393,7 +393,18 @@ def _dense_tile_config(
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
     # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_b_h200.json): 16k 721 / 718 / 692, 4k causal
     # 630 / 630 / 629; form 0 kept.
-    return FwdTileConfig(tile_n=80, pingpong=False, lpt_l2_sections=True)
+    # pin_pv_wait with a 4-probability anchor (D=128's form) under the causal mask: base /
+    # anchor (tune_fwd_d256_anchor_h200.json, round-robin, TFLOP/s): 4k causal 627 / 639, 16k
+    # causal 679 / 696; 4k unmasked 768 / 768, so off there (the pin alone lost at D=256: 4k
+    # 654 / 684 against none). Windows not measured: off.
+    anchor = causal and not local
+    return FwdTileConfig(
+        tile_n=80,
+        pingpong=False,
+        lpt_l2_sections=True,
+        pin_pv_wait=anchor,
+        pin_pv_anchor=4 if anchor else 0,
+    )
 
 
 def paged_tile_n(tile_n: int, page_size: int) -> int | None:
