@@ -193,6 +193,7 @@ def test_pin_pv_wait_where_measured():
         cfg = fwd_tile_config(256, 256, causal, local)
         assert cfg.pin_pv_wait == causal and cfg.pin_pv_anchor == (4 if causal else 0)
     assert not fwd_tile_config(128, 128, False, False, decode=True).pin_pv_wait
+    assert not fwd_tile_config(256, 256, True, False, decode=True).pin_pv_wait
     with pytest.raises(ValueError, match="intra_wg_overlap"):
         FwdTileConfig(intra_wg_overlap=False, pin_pv_wait=True)
     with pytest.raises(ValueError, match="needs pin_pv_wait"):

@@ -396,8 +396,8 @@ def _dense_tile_config(
     # pin_pv_wait with a 4-probability anchor (D=128's form) under the causal mask: base /
     # anchor (tune_fwd_d256_anchor_h200.json, round-robin, TFLOP/s): 4k causal 627 / 639, 16k
     # causal 679 / 696; 4k unmasked 768 / 768, so off there (the pin alone lost at D=256: 4k
-    # 654 / 684 against none). Windows not measured: off.
-    anchor = causal and not local
+    # 654 / 684 against none). Windows and decode (memory-bound) not measured: off.
+    anchor = causal and not local and not decode
     return FwdTileConfig(
         tile_n=80,
         pingpong=False,
