@@ -395,8 +395,10 @@ def _dense_tile_config(
     # 630 / 630 / 629; form 0 kept.
     # pin_pv_wait with a 4-probability anchor (D=128's form) under the causal mask: base /
     # anchor (tune_fwd_d256_anchor_h200.json, round-robin, TFLOP/s): 4k causal 627 / 639, 16k
-    # causal 679 / 696; 4k unmasked 768 / 768, so off there (the pin alone lost at D=256: 4k
-    # 654 / 684 against none). Windows and decode (memory-bound) not measured: off.
+    # causal 679 / 696; 4k unmasked 768 / 768, so off there. On an older kernel the pin alone
+    # lost (4k 654 / 684 against none, tune_fwd_pin_h200.json) and so did anchors on 1, 2, 8
+    # and 32 probabilities (-3..-5%, tune_fwd_anchor_d64_d256_h200.json,
+    # tune_fwd_anchor_k64_h200.json). Windows and decode (memory-bound) not measured: off.
     anchor = causal and not local and not decode
     return FwdTileConfig(
         tile_n=80,
