@@ -53,6 +53,14 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "d256-16k-causal": (1, 16384, 16384, 8, 256, True, False),
     "d192-4k": (4, 4096, 4096, 12, 192, False, False),
     "d192-4k-causal": (4, 4096, 4096, 12, 192, True, False),
+    "d192-16k": (1, 16384, 16384, 12, 192, False, False),
+    "d192-16k-causal": (1, 16384, 16384, 12, 192, True, False),
+    "d192-1k": (16, 1024, 1024, 12, 192, False, False),
+    "d192-1k-causal": (16, 1024, 1024, 12, 192, True, False),
+    # (D, Dv) = (192, 128): DV names the value head dim
+    "d192v128-4k": (4, 4096, 4096, 12, 192, False, False),
+    "d192v128-4k-causal": (4, 4096, 4096, 12, 192, True, False),
+    "d192v128-16k-causal": (1, 16384, 16384, 12, 192, True, False),
     "d256-4k": (4, 4096, 4096, 8, 256, False, False),
     "d256-4k-causal": (4, 4096, 4096, 8, 256, True, False),
     "d256-1k": (16, 1024, 1024, 8, 256, False, False),
@@ -82,6 +90,7 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "decode-b48-4k": (48, 4, 4096, 8, 128, False, True),
 }
 
+DV = {name: 128 for name in SHAPES if name.startswith("d192v128-")}  # Dv where it is not D
 
 INNER = 5
 
@@ -102,7 +111,7 @@ def parse_override(text: str) -> dict:
 def run(fn_key, q, k, v, window, scale, out=None, lse=None):
     fn = build_fwd(fn_key)
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(*q.shape[:3], v.shape[3])
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda", dtype=torch.float32)
     s_log2, premul = softmax_scales(scale, 0.0)
     left, right = (max(w, 0) for w in window)
@@ -110,10 +119,10 @@ def run(fn_key, q, k, v, window, scale, out=None, lse=None):
     return out, lse
 
 
-def key_for(d, h, window, cfg):
+def key_for(d, dv, h, window, cfg):
     has_left, has_right = (w >= 0 for w in window)
     cfg = dataclasses.astuple(cfg)
-    return FwdKey("sm_90a", "bfloat16", d, d, h, h, has_left, has_right, False, cfg)
+    return FwdKey("sm_90a", "bfloat16", d, dv, h, h, has_left, has_right, False, cfg)
 
 
 def main():
@@ -127,6 +136,7 @@ def main():
     rows = []
     for shape in args.shapes.split(","):
         b, sq, sk, h, d, causal, decode, *left = SHAPES[shape]
+        dv = DV.get(shape, d)
         left = left[0] if left else -1
         local = left >= 0  # a sliding window (left, 0)
         # (left, right), -1 for an open side; the small check takes a window of 100 keys (the
@@ -138,7 +148,7 @@ def main():
         # persistent-grid bucket of dense rows)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         base = fwd_tile_config(
-            d, d, causal, local, decode, tall=not decode and fills_tall_tiles(sq, causal or local),
+            d, dv, causal, local, decode, tall=not decode and fills_tall_tiles(sq, causal or local),
             persistent_sms=sms if fwd_persistent(d, sk, *window) else 0,
         )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))
@@ -146,17 +156,13 @@ def main():
         def rnd(*shape):
             return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
-        sets = [[rnd(b, sq, h, d), rnd(b, sk, h, d), rnd(b, sk, h, d)] for _ in range(n_sets)]
-        small = [rnd(2, sq if decode else 333, h, d), rnd(2, 333, h, d), rnd(2, 333, h, d)]
+        sets = [[rnd(b, sq, h, d), rnd(b, sk, h, d), rnd(b, sk, h, dv)] for _ in range(n_sets)]
+        small = [rnd(2, sq if decode else 333, h, d), rnd(2, 333, h, d), rnd(2, 333, h, dv)]
         ref, _ = attention_ref(*small, causal=causal, window_size=ref_window)
-        flops = (
-            4
-            * b
-            * h
-            * d
-            * visible_pairs(sq, sk, causal, tuple(None if w < 0 else w for w in window))
-        )
-        kv_bytes = 2 * b * sk * h * d * 2
+        # Q K^T and P V: 2 flops a multiply-add, d and dv of them per visible pair
+        pairs = visible_pairs(sq, sk, causal, tuple(None if w < 0 else w for w in window))
+        flops = 2 * b * h * (d + dv) * pairs
+        kv_bytes = b * sk * h * (d + dv) * 2
         # compile and check every variant first, then time them round-robin so that clock
         # and thermal drift hit all variants alike (sequential blocks differed by ~7% for
         # the very same kernel on the H200)
@@ -164,7 +170,7 @@ def main():
         for name, ov in variants:
             try:
                 cfg = dataclasses.replace(base, **parse_override(ov))
-                key = key_for(d, h, window, cfg)
+                key = key_for(d, dv, h, window, cfg)
                 o, _ = run(key, *small, small_window, d**-0.5)
                 err = (o.float() - ref).abs().max().item()
                 for i in range(3):
@@ -172,7 +178,9 @@ def main():
                 live.append((name, cfg, key, err, []))
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
-        outs = [(torch.empty_like(q), torch.empty(b, h, sq, device="cuda")) for q, _, _ in sets]
+        outs = [
+            (q.new_empty(b, sq, h, dv), torch.empty(b, h, sq, device="cuda")) for q, _, _ in sets
+        ]
         for rep in range(args.reps):
             for _name, _cfg, key, _err, times in live:
                 # INNER back-to-back launches per event pair: the host's launch cost overlaps

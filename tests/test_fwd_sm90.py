@@ -226,6 +226,45 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
     assert cfg.lpt_l2_sections and cfg.l2_section_max_pairs == max_pairs, key
 
 
+# FwdTileConfig.interleave_rescale (the softmax split at the P V anchor, O's rescale spread
+# over the remaining exponentials), forced wherever it applies: anchors on part of a row,
+# both row-max forms (the D=64 192-row tile at 3001 rows takes form 2), odd lengths (partial
+# query and key tiles), masks and softcap
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "d,dv,sq,sk", [(64, 64, 457, 300), (64, 64, 3001, 3001), (128, 128, 457, 300),
+                   (192, 128, 300, 457), (256, 256, 457, 300)]
+)  # fmt: skip
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
+def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
+    import dataclasses
+
+    from cute_attn import api, fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
+
+    def forced(*a, **k):
+        cfg = table(*a, **k)
+        return dataclasses.replace(
+            cfg, pin_pv_wait=True, pin_pv_anchor=cfg.pin_pv_anchor or 4, interleave_rescale=True
+        )
+
+    monkeypatch.setattr(fwd_sm90, "fwd_tile_config", forced)
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    for clear in (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear,
+                  api._dense_memo.clear):  # fmt: skip
+        clear()
+    try:
+        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
+    finally:
+        fwd_sm90._fwd_key.cache_clear()
+        fwd_sm90._plan.cache_clear()
+        api._dense_memo.clear()
+    (key,) = keys
+    assert FwdTileConfig(*key.tile).interleave_rescale, key
+
+
 # Persistent grids (FwdTileConfig.persistent_ctas): CTA c walks the (query tile, head, batch)
 # tiles c, c + ctas, ... (under a mask: passes of `ctas` tiles in alternating directions) with
 # its pipelines running on from tile to tile. 1 and 5 CTAs give every CTA many tiles across

@@ -177,8 +177,9 @@ def test_pin_pv_wait_where_measured():
     # tile, with row_max_form 2), next to the split loops (tune_fwd_d64_split*_h200.json,
     # tune_fwd_rowmax_*_h200.json); D=96 / 128 with an anchor on 4
     # (tune_fwd_anchor_k*_h200.json), D=256 too under the causal mask
-    # (tune_fwd_d256_anchor_h200.json); off for D=192, D=256 without a causal mask and packed
-    # decode, where it lost or was not measured
+    # (tune_fwd_d256_anchor_h200.json), D=192 without a window (tune_fwd_interleave_a4_h200.json);
+    # off for D=192 windows, D=256 without a causal mask and packed decode, where it lost or
+    # was not measured
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
     for causal, local in ((False, False), (True, False), (False, True)):
@@ -189,7 +190,8 @@ def test_pin_pv_wait_where_measured():
             cfg = fwd_tile_config(d, d, causal, local)
             assert cfg.pin_pv_wait and cfg.pin_pv_anchor == 4
         for d, dv in ((192, 192), (192, 128)):
-            assert not fwd_tile_config(d, dv, causal, local).pin_pv_wait
+            cfg = fwd_tile_config(d, dv, causal, local)
+            assert cfg.pin_pv_wait != local and cfg.pin_pv_anchor == (0 if local else 4)
         cfg = fwd_tile_config(256, 256, causal, local)
         assert cfg.pin_pv_wait == causal and cfg.pin_pv_anchor == (4 if causal else 0)
     assert not fwd_tile_config(128, 128, False, False, decode=True).pin_pv_wait
@@ -200,6 +202,26 @@ def test_pin_pv_wait_where_measured():
         FwdTileConfig(pin_pv_anchor=4)
     with pytest.raises(ValueError, match=">= 0"):
         FwdTileConfig(pin_pv_wait=True, pin_pv_anchor=-1)
+    with pytest.raises(ValueError, match="interleave_rescale"):
+        FwdTileConfig(pin_pv_wait=True, interleave_rescale=True)
+    with pytest.raises(ValueError, match="interleave_rescale"):
+        FwdTileConfig(
+            pin_pv_wait=True, pin_pv_anchor=4, rescale_before_pv=True, interleave_rescale=True
+        )
+
+
+def test_interleave_rescale_where_measured():
+    # on for the D=64 192-row tile under the causal mask and for D=192 / (192, 128) without a
+    # window (tune_fwd_interleave*_h200.json, tune_fwd_d192_anchor_h200.json); off elsewhere,
+    # where it lost or was not measured
+    for causal, local in ((False, False), (True, False), (False, True)):
+        assert fwd_tile_config(64, 64, causal, local, tall=True).interleave_rescale == causal
+        assert not fwd_tile_config(64, 64, causal, local).interleave_rescale
+        for d in (96, 128, 256):
+            assert not fwd_tile_config(d, d, causal, local).interleave_rescale
+        for d, dv in ((192, 192), (192, 128)):
+            assert fwd_tile_config(d, dv, causal, local).interleave_rescale != local
+    assert not fwd_tile_config(192, 192, False, False, decode=True).interleave_rescale
 
 
 def test_pin_pv_anchor_counts_a_partial_row_or_whole_rows():

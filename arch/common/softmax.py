@@ -58,6 +58,11 @@ def _row_max_ilp(s: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
     return cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
 
 
+def _spread(n: int, slots: int) -> list[int]:
+    """How many of n items are due after each of `slots` steps, spread evenly (trace time)."""
+    return [(i + 1) * n // slots for i in range(slots)]
+
+
 class OnlineSoftmax(DslStruct):
     """Per-thread softmax state for the rows this thread holds (2 per 64-row wgmma atom).
 
@@ -97,40 +102,144 @@ class OnlineSoftmax(DslStruct):
         """Turn scores `acc_s` into probabilities in place; return the per-row O rescale."""
         s = acc_as_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        m_scaled = cute.make_rmem_tensor(self.num_rows, Float32)
         # form 2: every row's max before any row's exponentials (trace-time list)
         maxes_first = self.row_max_form == 2
         tile_maxes = [self._tile_max(s, r) for r in range(self.num_rows)] if maxes_first else []
         for r in cutlass.range_constexpr(self.num_rows):
             tile_max = tile_maxes[r] if maxes_first else self._tile_max(s, r)
-            m_old = self.row_max[r]
-            m_new = cute.arch.fmax(m_old, tile_max)
-            if cutlass.const_expr(is_first):
-                m_new = tile_max
-                row_scale[r] = Float32(1.0)
-            else:
-                if cutlass.const_expr(self.rescale_threshold > 0.0):
-                    # keep the old max while the growth is small (and the old max is finite)
-                    keep = (m_new - m_old) * self.scale_log2 <= self.rescale_threshold
-                    m_new = m_old if keep else m_new
-                m_cur_safe = Float32(cutlass.select_(m_new == -Float32.inf, 0.0, m_new))
-                scale = cute.math.exp2((m_old - m_cur_safe) * self.scale_log2, fastmath=True)
-                # m_old = -inf: nothing accumulated yet (exp2(-inf) is 0 already; the select
-                # keeps NaN out when m_new is -inf too)
-                row_scale[r] = Float32(cutlass.select_(m_old == -Float32.inf, 0.0, scale))
-            self.row_max[r] = m_new
-            m_scaled = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
+            self._new_max(r, tile_max, row_scale, m_scaled, is_first)
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                x = s[r, c] * self.scale_log2 - m_scaled
-                if cutlass.const_expr(self.exp2_emu_every > 0 and c % self.exp2_emu_every == 0):
-                    s[r, c] = exp2_fma(x)  # balance the SFU and FMA pipes
-                else:
-                    s[r, c] = cute.math.exp2(x, fastmath=True)
-            tile_sum = _row_sum_ilp(s, r)
-            if cutlass.const_expr(is_first):
-                self.row_sum[r] = tile_sum
-            else:
-                self.row_sum[r] = self.row_sum[r] * row_scale[r] + tile_sum
+                self._exp(s, r, c, m_scaled)
+            self._add_row_sum(s, r, row_scale, is_first)
         return row_scale
+
+    @cute.jit
+    def step_head(self, acc_s: cute.Tensor, k: cutlass.Constexpr[int]):
+        """First part of a non-first `step` whose O rescale runs inside the exponentials
+        (FwdTileConfig.interleave_rescale): the row maxes (all of them with row_max_form 2,
+        else those of the rows the first k probabilities touch), the row scales and the
+        thread's first `k` probabilities in row order. Returns (row_scale, m_scaled) for
+        `step_tail`. Between the two the caller waits for the P V GEMM that writes acc_o."""
+        s = acc_as_rows_cols(acc_s)
+        cols = cute.size(s, mode=[1])
+        row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        m_scaled = cute.make_rmem_tensor(self.num_rows, Float32)
+        max_rows = self.num_rows if self.row_max_form == 2 else -(-k // cols)
+        tile_maxes = [self._tile_max(s, r) for r in range(max_rows)]
+        for r in cutlass.range_constexpr(max_rows):
+            self._new_max(r, tile_maxes[r], row_scale, m_scaled, False)
+            self._tie_to_scale(r, row_scale, m_scaled)
+        for i in cutlass.range_constexpr(k):
+            self._exp(s, i // cols, i % cols, m_scaled)
+            if cutlass.const_expr(i % cols == cols - 1):
+                self._add_row_sum(s, i // cols, row_scale, False)
+        return row_scale, m_scaled
+
+    @cute.jit
+    def step_tail(
+        self,
+        acc_s: cute.Tensor,
+        acc_o: cute.Tensor,
+        row_scale: cute.Tensor,
+        m_scaled: cute.Tensor,
+        k: cutlass.Constexpr[int],
+    ):
+        """The rest of `step_head`'s step: the remaining probabilities, row maxes and row sums,
+        with the O rescale's multiplies spread over the exponentials in program order. With
+        one consumer warpgroup in its softmax at a time, an SM sub-partition's SFU works for
+        one warp; the multiplies fill its issue slots between exponentials (FA4's SASS has
+        them there) instead of lengthening the step after the last one."""
+        s = acc_as_rows_cols(acc_s)
+        o = acc_as_rows_cols(acc_o)
+        cols = cute.size(s, mode=[1])
+        ocols = cute.size(o, mode=[1])
+        for r in cutlass.range_constexpr(self.num_rows):
+            if cutlass.const_expr(self.row_max_form != 2 and r * cols >= k):
+                self._new_max(r, self._tile_max(s, r), row_scale, m_scaled, False)
+                self._tie_to_scale(r, row_scale, m_scaled)
+            c0 = max(k - r * cols, 0)  # this row's first probability left to compute
+            # O multiplies due after each remaining exponential (all up front for a row the
+            # head finished)
+            due = _spread(ocols, cols - c0)
+            done = 0
+            for c in cutlass.range_constexpr(c0, cols):
+                self._exp(s, r, c, m_scaled)
+                for j in cutlass.range_constexpr(done, due[c - c0]):
+                    o[r, j] = o[r, j] * row_scale[r]
+                done = due[c - c0]
+            for j in cutlass.range_constexpr(done, ocols):
+                o[r, j] = o[r, j] * row_scale[r]
+            if cutlass.const_expr(c0 < cols):
+                self._add_row_sum(s, r, row_scale, False)
+
+    @cute.jit
+    def _new_max(
+        self,
+        r: cutlass.Constexpr[int],
+        tile_max: Float32,
+        row_scale: cute.Tensor,
+        m_scaled: cute.Tensor,
+        is_first: cutlass.Constexpr[bool],
+    ):
+        """Row r's new running max from its tile max; its O / l rescale into row_scale[r] and
+        the max in exponent units (0 for a row with no visible key yet) into m_scaled[r]."""
+        m_old = self.row_max[r]
+        m_new = cute.arch.fmax(m_old, tile_max)
+        if cutlass.const_expr(is_first):
+            m_new = tile_max
+            row_scale[r] = Float32(1.0)
+        else:
+            if cutlass.const_expr(self.rescale_threshold > 0.0):
+                # keep the old max while the growth is small (and the old max is finite)
+                keep = (m_new - m_old) * self.scale_log2 <= self.rescale_threshold
+                m_new = m_old if keep else m_new
+            m_cur_safe = Float32(cutlass.select_(m_new == -Float32.inf, 0.0, m_new))
+            scale = cute.math.exp2((m_old - m_cur_safe) * self.scale_log2, fastmath=True)
+            # m_old = -inf: nothing accumulated yet (exp2(-inf) is 0 already; the select
+            # keeps NaN out when m_new is -inf too)
+            row_scale[r] = Float32(cutlass.select_(m_old == -Float32.inf, 0.0, scale))
+        self.row_max[r] = m_new
+        m_scaled[r] = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
+
+    @cute.jit
+    def _tie_to_scale(
+        self, r: cutlass.Constexpr[int], row_scale: cute.Tensor, m_scaled: cute.Tensor
+    ):
+        """Make row r's exponentials wait for its O rescale factor: m_scaled + 0 * row_scale
+        (one FFMA; row_scale is finite, in [0, 1], so the value is unchanged). ptxas orders
+        the SFU's exponentials by their own critical paths and issues the rescale factor's
+        last, which holds O's multiplies after every probability; with the tie it goes
+        first and the multiplies can fill the issue slots between exponentials."""
+        m_scaled[r] = row_scale[r] * Float32(0.0) + m_scaled[r]
+
+    @cute.jit
+    def _exp(
+        self,
+        s: cute.Tensor,
+        r: cutlass.Constexpr[int],
+        c: cutlass.Constexpr[int],
+        m_scaled: cute.Tensor,
+    ):
+        x = s[r, c] * self.scale_log2 - m_scaled[r]
+        if cutlass.const_expr(self.exp2_emu_every > 0 and c % self.exp2_emu_every == 0):
+            s[r, c] = exp2_fma(x)  # balance the SFU and FMA pipes
+        else:
+            s[r, c] = cute.math.exp2(x, fastmath=True)
+
+    @cute.jit
+    def _add_row_sum(
+        self,
+        s: cute.Tensor,
+        r: cutlass.Constexpr[int],
+        row_scale: cute.Tensor,
+        is_first: cutlass.Constexpr[bool],
+    ):
+        tile_sum = _row_sum_ilp(s, r)
+        if cutlass.const_expr(is_first):
+            self.row_sum[r] = tile_sum
+        else:
+            self.row_sum[r] = self.row_sum[r] * row_scale[r] + tile_sum
 
     def _tile_max(self, s: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
         if cutlass.const_expr(self.row_max_form == 2):

@@ -885,25 +885,55 @@ class FlashFwdSm90:
             if cutlass.const_expr(test_mask):
                 if mask.tile_needs_mask(m_block, n_block):
                     mask.apply(acc_s, tScS, m_block, n_block)
-            row_scale = softmax.step(acc_s, is_first=False)
-            if cutlass.const_expr(self.config.intra_wg_overlap):
-                if cutlass.const_expr(self.config.pin_pv_wait):
-                    # keeps the P V wait below (part of) the softmax: ptxas hoists a wgmma
-                    # wait no higher than an mbarrier arrive, and these wait for their data
-                    if cutlass.const_expr(self.config.pin_pv_anchor > 0):
-                        arrive_after(anchor, self._anchor_dep(acc_s, softmax))
-                    else:
-                        release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
+            if cutlass.const_expr(self.config.interleave_rescale):
+                # the anchor's probabilities, the P V wait, then the rest of the softmax with
+                # O's rescale inside it (FwdTileConfig.interleave_rescale)
+                k = self.config.pin_pv_anchor
+                row_scale, m_scaled = softmax.step_head(acc_s, k)
+                arrive_after(anchor, self._anchor_dep(acc_s, softmax))
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
+                softmax.step_tail(acc_s, acc_o, row_scale, m_scaled, k)
+            else:
+                row_scale = self._softmax_then_pv_wait(
+                    acc_s, acc_o, softmax, pipe_k, pipe_v, kv_state, v_state, anchor
+                )
             if cutlass.const_expr(self.rescale_before_pv):
                 pending_scale.store(row_scale.load())
-            else:
-                softmax.rescale(acc_o, row_scale)
             convert_pairs(acc_as_operand_a(acc_s), tOrP)
             v_state = kv_state.clone()
             kv_state.advance()
         return kv_state, v_state
+
+    @cute.jit
+    def _softmax_then_pv_wait(
+        self,
+        acc_s: cute.Tensor,
+        acc_o: cute.Tensor,
+        softmax: OnlineSoftmax,
+        pipe_k: pipeline.PipelineAsync,
+        pipe_v: pipeline.PipelineAsync,
+        kv_state: pipeline.PipelineState,
+        v_state: pipeline.PipelineState,
+        anchor: cute.Pointer,
+    ) -> cute.Tensor:
+        """softmax(j) in one piece, the P(j-1) V(j-1) wait after it in program order (ptxas
+        hoists the wait up to the pin's arrive, or to K(j)'s release without a pin), then O's
+        rescale unless rescale_before_pv defers it. Returns the row scale."""
+        row_scale = softmax.step(acc_s, is_first=False)
+        if cutlass.const_expr(self.config.intra_wg_overlap):
+            if cutlass.const_expr(self.config.pin_pv_wait):
+                # keeps the P V wait below (part of) the softmax: ptxas hoists a wgmma wait
+                # no higher than an mbarrier arrive, and these wait for their data
+                if cutlass.const_expr(self.config.pin_pv_anchor > 0):
+                    arrive_after(anchor, self._anchor_dep(acc_s, softmax))
+                else:
+                    release_after(pipe_k, kv_state, softmax.sum_of_row_sums())
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(v_state)
+        if cutlass.const_expr(not self.rescale_before_pv):
+            softmax.rescale(acc_o, row_scale)
+        return row_scale
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit

@@ -36,6 +36,11 @@ class FwdTileConfig:
     # k probabilities in row order, and K(j) is released right after S(j) as without the pin
     pin_pv_wait: bool = False
     pin_pv_anchor: int = 0
+    # with an anchor (pin_pv_anchor > 0): split the softmax at the anchor's k probabilities,
+    # wait for P V there in program order, and spread O's rescale multiplies over the
+    # remaining exponentials (OnlineSoftmax.step_head / step_tail); off: the rescale follows
+    # the whole softmax, where ptxas leaves it
+    interleave_rescale: bool = False
     # run the fully visible key tiles as a loop of their own, without mask code or a per-tile
     # test (the edge tiles that may need a mask keep the test); off: one loop testing each tile
     split_mask_loops: bool = False
@@ -90,6 +95,11 @@ class FwdTileConfig:
             raise ValueError("pin_pv_anchor must be >= 0")
         if self.pin_pv_anchor and not self.pin_pv_wait:
             raise ValueError("pin_pv_anchor is how pin_pv_wait holds the wait: needs pin_pv_wait")
+        if self.interleave_rescale and (not self.pin_pv_anchor or self.rescale_before_pv):
+            raise ValueError(
+                "interleave_rescale splits the softmax at the P V anchor: needs pin_pv_anchor > 0"
+                " and rescale_before_pv off"
+            )
         if self.row_max_form not in (0, 1, 2):
             raise ValueError(f"row_max_form {self.row_max_form} must be 0, 1 or 2")
         m = self.l2_section_max_pairs
@@ -293,6 +303,13 @@ def _dense_tile_config(
         # (tune_fwd_rowmax_c_h200.json): 16k 519 / 518 / 533 / 539, 4k 468 / 473 / 482 / 490,
         # 16k causal 496 / 499 / 499 / 498; k = 2 / 4 with form 2 in another run
         # (tune_fwd_rowmax_k_h200.json): 16k 528 / 536, 4k 488 / 494, 16k causal 501 / 501.
+        # interleave_rescale under the causal mask (ncu of 16k causal against FA4: same
+        # instruction mix in the main loop, but O's 32 rescale multiplies after the last
+        # exponential, where FA4 has them between exponentials; ncu_fwd_d64_16k_causal_h200_*).
+        # Round-robin, TFLOP/s, off / on: 16k causal 506.5 / 515.0
+        # (tune_fwd_interleave_h200.json) and 493.4 / 501.7 (40 reps,
+        # tune_fwd_interleave_d64_16kc_h200.json). Off without a mask: 16k 546 / 537, 4k 508 /
+        # 501 (same first file); windows not measured: off.
         return FwdTileConfig(
             tile_m=192,
             num_mma_warpgroups=3,
@@ -302,6 +319,7 @@ def _dense_tile_config(
             pin_pv_wait=True,
             pin_pv_anchor=4,
             row_max_form=2,
+            interleave_rescale=causal and not local,
         )
     if head_dim <= 64:
         # 64-row tiles, one consumer warpgroup, two CTAs per SM (128 launch registers, 56 / 200
@@ -322,6 +340,8 @@ def _dense_tile_config(
         # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_c_h200.json, tune_fwd_rowmax_a_h200.json): 1k
         # 391 / 398 / 401 and 395 / 402 / 405, 4k causal 407 / 403 / 401 and 409 / 407 / 405,
         # 1k causal 320 / 320 / 320: form 0 kept for the >= 4k row.
+        # interleave_rescale (tune_fwd_interleave_h200.json, off / on): 4k causal 422 / 409, 1k
+        # causal 347 / 340: off.
         return FwdTileConfig(
             tile_m=64,
             num_mma_warpgroups=1,
@@ -366,6 +386,9 @@ def _dense_tile_config(
         # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_*_h200.json): 16k 665 / 662 / 653, 4k 638 /
         # 639 / 631, 4k causal 553 / 559 / 555, 16k causal 644 / 641 / 646, 1k 501 / 504 / 498:
         # form 1 within 1%, form 2 -1..-2% unmasked; form 0 kept.
+        # interleave_rescale (tune_fwd_interleave_h200.json, off / on): 16k 672 / 665, 16k
+        # causal 646 / 643, 4k 651 / 648, 4k causal 605 / 605, 1k causal 438 / 445; D=96 4k
+        # causal 533 / 527: off.
         return FwdTileConfig(
             tile_n=128,
             split_mask_loops=True,
@@ -386,9 +409,22 @@ def _dense_tile_config(
     # D=256 4k causal 544 / 603, 16k causal 678 / 686, 1k causal 386 / 398 (D=192 not
     # measured, follows D=256).
     if head_dim <= 192:
-        # 112 keeps 2 K/V stages inside 227 KiB at D=192
+        # 112 keeps 2 K/V stages inside 227 KiB at D=192.
+        # pin_pv_wait with a 4-probability anchor (D=128's form) and interleave_rescale,
+        # round-robin, TFLOP/s. tune_fwd_interleave_a4_h200.json (none / anchor / both): 4k 668
+        # / 701 / 702, 4k causal 574 / 599 / 602. tune_fwd_d192_anchor_h200.json, same
+        # columns: 4k 633 / 665 / 666, 4k causal 554 / 577 / 579, 16k 671 / 708 / 709, 16k
+        # causal 635 / 670 / 673, 1k 490 / 509 / 512, 1k causal 370 / 376 / 381; (192, 128)
+        # 4k 631 / 636 / 662, 4k causal 559 / 574 / 578, 16k causal 642 / 666 / 673.
+        # Windows and decode not measured: off.
+        anchor = not local and not decode
         return FwdTileConfig(
-            tile_n=112 if head_dim_v > 128 else 128, pingpong=False, lpt_l2_sections=True
+            tile_n=112 if head_dim_v > 128 else 128,
+            pingpong=False,
+            lpt_l2_sections=True,
+            pin_pv_wait=anchor,
+            pin_pv_anchor=4 if anchor else 0,
+            interleave_rescale=anchor,
         )
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
     # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_b_h200.json): 16k 721 / 718 / 692, 4k causal
@@ -399,6 +435,9 @@ def _dense_tile_config(
     # lost (4k 654 / 684 against none, tune_fwd_pin_h200.json) and so did anchors on 1, 2, 8
     # and 32 probabilities (-3..-5%, tune_fwd_anchor_d64_d256_h200.json,
     # tune_fwd_anchor_k64_h200.json). Windows and decode (memory-bound) not measured: off.
+    # interleave_rescale (tune_fwd_interleave_h200.json, off / on): 4k causal 677 / 651, 16k
+    # causal 717 / 679; with the anchor added without a mask (tune_fwd_interleave_a4_h200.json,
+    # none / anchor / both): 4k 702 / 702 / 666, 16k 738 / 737 / 694: off.
     anchor = causal and not local and not decode
     return FwdTileConfig(
         tile_n=80,
