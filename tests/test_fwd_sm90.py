@@ -501,6 +501,52 @@ def test_pin_pv_wait_keeps_softmax_before_the_pv_wait(tmp_path):
     assert off and all(w["exp"] == 0 for w in off), r
 
 
+_INTERLEAVE_SNIPPET = r"""
+import dataclasses, json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+
+def windows(cfg):
+    spec = FwdSpec("bfloat16", 64, 64, 8, 8, False, True, False, cfg)
+    fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*([^;]*);", _sass(fn.__cubin__))
+    # from each P V wait (gsb0 <= 0) to the next wgmma wait: O's rescale (in-place FMULs by a
+    # register) and the exponentials issued after its first multiply
+    out, cur = [], None
+    for op, args in ops:
+        if op == "WARPGROUP.DEPBAR.LE":
+            if cur is not None:
+                out.append(cur)
+            cur = {"fmul": 0, "exp_after": 0} if args.strip().endswith("0x0") else None
+        elif cur is not None and op == "MUFU.EX2" and cur["fmul"]:
+            cur["exp_after"] += 1
+        elif cur is not None and op == "FMUL":
+            a = [x.strip() for x in args.split(",")]
+            if len(a) == 3 and a[0] == a[1] and re.fullmatch(r"R\d+(\.reuse)?", a[2]):
+                cur["fmul"] += 1
+    return [w for w in out if w["fmul"]]
+
+table = fwd_tile_config(64, 64, True, False, tall=True)
+out = {"table": table.interleave_rescale, "on": windows(table)}
+out["off"] = windows(dataclasses.replace(table, interleave_rescale=False))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_interleave_rescale_puts_o_multiplies_among_the_exponentials(tmp_path):
+    # interleave_rescale (the D=64 192-row tile under the causal mask): O's 32 rescale
+    # multiplies a thread start right after the P V wait, with most of the 64 exponentials
+    # still to come; without it ptxas issues them after all but the last few
+    r = run_json_snippet(_INTERLEAVE_SNIPPET, tmp_path, timeout=900)
+    assert r["table"], r
+    # the main loops (the split loop's edge and middle); the first tile has no rescale
+    assert len(r["on"]) >= 2 and all(w["fmul"] == 32 and w["exp_after"] >= 32 for w in r["on"]), r
+    assert len(r["off"]) >= 2 and all(w["fmul"] == 32 and w["exp_after"] <= 16 for w in r["off"]), r
+
+
 _ROW_MAX_SNIPPET = r"""
 import dataclasses, json, os, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
