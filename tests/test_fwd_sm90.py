@@ -8,6 +8,9 @@ the output dtype. lse is compared in fp32 (both -inf on empty rows).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 from compile_snippet import MASK_WINDOWS, run_json_snippet
@@ -28,6 +31,26 @@ def _check(q, k, v, **kw):
     same, _ = attention_ref(q, k, v, compute_dtype=None, **kw)
     assert_matches(out, lse, ref, ref_lse, same)
     return out, lse
+
+
+@contextlib.contextmanager
+def _forced_table(monkeypatch, change):
+    """Calls inside run the tuning table's configs passed through `change`; yields the list of
+    compile keys they build. The host's config, plan and launcher memos are cleared before and
+    after, so no call reuses another table's kernel."""
+    from cute_attn import api, fwd_sm90
+
+    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
+    monkeypatch.setattr(fwd_sm90, "fwd_tile_config", lambda *a, **k: change(table(*a, **k)))
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    clears = (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear, api._dense_memo.clear)
+    for clear in clears:
+        clear()
+    try:
+        yield keys
+    finally:
+        for clear in clears:
+            clear()
 
 
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 4096), (128, 128), (1024, 1024),
@@ -199,28 +222,13 @@ def test_fwd_decode_wide_grid(monkeypatch):
 @pytest.mark.parametrize("max_pairs", [2, 4])
 @pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (None, 40)}])
 def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
-    import dataclasses
-
-    from cute_attn import api, fwd_sm90
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
-    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
-
-    def forced(*a, **k):
-        cfg = table(*a, **k)
+    def change(cfg):
         return dataclasses.replace(cfg, lpt_l2_sections=True, l2_section_max_pairs=max_pairs)
 
-    monkeypatch.setattr(fwd_sm90, "fwd_tile_config", forced)
-    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
-    for clear in (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear,
-                  api._dense_memo.clear):  # fmt: skip
-        clear()
-    try:
+    with _forced_table(monkeypatch, change) as keys:
         _check(*attn_inputs(3, 457, 300, 3, 3, d, d, torch.bfloat16), **kw)
-    finally:
-        fwd_sm90._fwd_key.cache_clear()
-        fwd_sm90._plan.cache_clear()
-        api._dense_memo.clear()
     (key,) = keys
     cfg = FwdTileConfig(*key.tile)
     assert cfg.lpt_l2_sections and cfg.l2_section_max_pairs == max_pairs, key
@@ -237,30 +245,15 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
 )  # fmt: skip
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
 def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
-    import dataclasses
-
-    from cute_attn import api, fwd_sm90
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
-    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
-
-    def forced(*a, **k):
-        cfg = table(*a, **k)
+    def change(cfg):
         return dataclasses.replace(
             cfg, pin_pv_wait=True, pin_pv_anchor=cfg.pin_pv_anchor or 4, interleave_rescale=True
         )
 
-    monkeypatch.setattr(fwd_sm90, "fwd_tile_config", forced)
-    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
-    for clear in (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear,
-                  api._dense_memo.clear):  # fmt: skip
-        clear()
-    try:
+    with _forced_table(monkeypatch, change) as keys:
         _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
-    finally:
-        fwd_sm90._fwd_key.cache_clear()
-        fwd_sm90._plan.cache_clear()
-        api._dense_memo.clear()
     (key,) = keys
     assert FwdTileConfig(*key.tile).interleave_rescale, key
 
@@ -289,32 +282,18 @@ def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
     ids=["dense", "softcap", "causal", "window", "window-ramp", "window-left"],
 )
 def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, kw):
-    import dataclasses
-
-    from cute_attn import api, fwd_sm90
     from cute_attn.arch.sm90.tile_config import FwdTileConfig
 
-    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
-    monkeypatch.setattr(
-        fwd_sm90,
-        "fwd_tile_config",
-        lambda *a, **k: dataclasses.replace(table(*a, **k), persistent_ctas=ctas),
-    )
-    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
-    for clear in (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear,
-                  api._dense_memo.clear):  # fmt: skip
-        clear()
-    q, k, v = attn_inputs(3, sq, 301, 6, 2, d, d, torch.bfloat16)
-    junk_o = torch.full((3, sq, 6, d), POISON, device="cuda", dtype=torch.bfloat16)
-    junk_l = torch.full((3, 6, sq), POISON, device="cuda", dtype=torch.float32)
-    ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
-    del junk_o, junk_l
-    try:
+    def change(cfg):
+        return dataclasses.replace(cfg, persistent_ctas=ctas)
+
+    with _forced_table(monkeypatch, change) as keys:
+        q, k, v = attn_inputs(3, sq, 301, 6, 2, d, d, torch.bfloat16)
+        junk_o = torch.full((3, sq, 6, d), POISON, device="cuda", dtype=torch.bfloat16)
+        junk_l = torch.full((3, 6, sq), POISON, device="cuda", dtype=torch.float32)
+        ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
+        del junk_o, junk_l
         out, lse = _check(q, k, v, **kw)
-    finally:
-        fwd_sm90._fwd_key.cache_clear()
-        fwd_sm90._plan.cache_clear()
-        api._dense_memo.clear()
     assert {out.data_ptr(), lse.data_ptr()} == ptrs, "poisoned blocks were not reused"
     (key,) = keys
     assert FwdTileConfig(*key.tile).persistent_ctas == ctas, key
