@@ -68,6 +68,7 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "d64-1k-causal": (16, 1024, 1024, 32, 64, True, False),
     "d64-2k-causal": (8, 2048, 2048, 32, 64, True, False),
     "d64-8k-causal": (2, 8192, 8192, 32, 64, True, False),
+    "d64-6k-causal": (3, 6144, 6144, 32, 64, True, False),
     "d64-2k": (8, 2048, 2048, 32, 64, False, False),
     "d64-8k": (2, 8192, 8192, 32, 64, False, False),
     # sliding windows (left, 0): the local mask
@@ -147,8 +148,9 @@ def main():
         # the variant the library runs for this shape (tall: the long-query bucket; the
         # persistent-grid bucket of dense rows)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
+        tall = not decode and fills_tall_tiles(sq, causal or local, local)
         base = fwd_tile_config(
-            d, dv, causal, local, decode, tall=not decode and fills_tall_tiles(sq, causal or local),
+            d, dv, causal, local, decode, tall=tall,
             persistent_sms=sms if fwd_persistent(d, sk, *window) else 0,
         )  # fmt: skip
         n_sets = max(1, (200 << 20) // ((sq + 2 * sk) * b * h * d * 2))

@@ -111,8 +111,15 @@ def test_fwd_tall_d64(dtype, sq, sk):
 @pytest.mark.parametrize("sq,sk", [(16384, 16384), (16500, 16000)])
 @pytest.mark.parametrize("mode", ["causal", "window", "softcap"])
 def test_fwd_tall_d64_masked(sq, sk, mode):
-    # under a mask the tall variant starts at 16k rows
+    # under a mask the tall variant starts at 16k rows with a sliding window, at 6k without
     _check_tall(1, sq, sk, 2, 1, torch.bfloat16, **mode_kwargs(mode))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk", [(8192, 8192), (8300, 8000), (8200, 9001)])
+def test_fwd_tall_d64_causal_8k(sq, sk):
+    # the causal mask takes the tall variant from 6k rows
+    _check_tall(1, sq, sk, 2, 1, torch.bfloat16, causal=True)
 
 
 @pytest.mark.gpu

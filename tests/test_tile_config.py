@@ -32,13 +32,16 @@ PLAIN = AttnProblem(
 @pytest.mark.parametrize(
     "sq,tall",
     [(1, False), (384, False), (1024, False), (2000, False), (2048, True), (2500, False),
-     (3001, True), (4096, True), (4224, True), (16384, True)],
+     (3001, True), (4096, True), (4224, True), (6144, True), (8192, True), (8300, True),
+     (16384, True)],
 )  # fmt: skip
 def test_fills_tall_tiles(sq, tall):
     # >= 2048 rows, padded to 192 by at most 4% more than to 128 (2500: 2688 vs 2560 rows)
     assert fills_tall_tiles(sq, masked=False) is tall
-    # under a mask from 16k rows (4k causal measured a loss)
-    assert fills_tall_tiles(sq, masked=True) is (tall and sq >= 16384)
+    # under the causal mask from 6k rows (4k causal measured a loss), with a sliding window
+    # from 16k (not measured below)
+    assert fills_tall_tiles(sq, masked=True) is (tall and sq >= 6144)
+    assert fills_tall_tiles(sq, masked=True, sliding=True) is (tall and sq >= 16384)
 
 
 def test_tall_only_changes_d64():

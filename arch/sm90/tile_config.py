@@ -122,15 +122,20 @@ class FwdTileConfig:
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
-def fills_tall_tiles(seqlen_q: int, masked: bool) -> bool:
+def fills_tall_tiles(seqlen_q: int, masked: bool, sliding: bool = False) -> bool:
     """Whether a dense query length suits 192-row tiles (the D=64 `tall` variant): padded to a
     multiple of 192 by at most 4% more rows than to a multiple of 128 (1024 rows become 1152,
     12.5% more, and cost 5%), and long enough where measured to win: >= 2048 rows without a
-    mask (+2% at 4k, +6.5% at 16k), >= 16384 under a causal or window mask (+2% at 16k, -2.5%
-    at 4k; 8k not measured). tune_d64_tiles_h200.json, tune_d64_tall_causal_h200.json. Those
-    thresholds were measured against the 128-row tile the short-query branch had then; today's
-    64-row two-CTA tile was measured only at 1k and at 4k causal (where it is the one used)."""
-    if seqlen_q < (16384 if masked else 2048):
+    mask (+2% at 4k, +6.5% at 16k; tune_d64_tiles_h200.json); under a mask (`masked`) >= 6144
+    rows, or >= 16384 with a left window bound (`sliding`: not measured below 16k).
+
+    Under the causal mask, the 64-row two-CTA tile / the 192-row tile of today's table
+    (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6, 8k 443.6 / 473.4, 16k (both
+    the 192-row tile) 504.5 / 504.3 (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 /
+    457.8, 8k 439.8 / 470.8 (tune_fwd_d64_tall_6k8k_causal_h200.json). 5k not measured. The
+    16k threshold before came from the 128-row tile of an older table
+    (tune_d64_tall_causal_h200.json: +2% at 16k, -2.5% at 4k, 8k not measured)."""
+    if seqlen_q < (2048 if not masked else 16384 if sliding else 6144):
         return False
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
