@@ -10,7 +10,8 @@ Run on the GPU machine (after warm-up calls outside the range, so compiles are n
 
 Shapes follow the bench matrix: 16k tokens, hidden 2048 (H = 2048 / D), bf16. Kernel ID 0 is
 cute_attn, ID 1 FA4 (skipped when flash_attn.cute is not importable); a backward profiles
-each library's pre- and postprocess kernels around its main kernel.
+each library's pre- and postprocess kernels around its main kernel. A trailing `tall` runs
+the D=64 forward on the 192-row tile whatever the length (tile_config.fills_tall_tiles).
 """
 
 import sys
@@ -20,7 +21,11 @@ import torch
 import cute_attn
 
 D, S, causal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-bwd = len(sys.argv) > 4 and sys.argv[4] == "bwd"
+bwd = "bwd" in sys.argv[4:]
+if "tall" in sys.argv[4:]:
+    import cute_attn.fwd_sm90
+
+    cute_attn.fwd_sm90.fills_tall_tiles = lambda *args: True
 H, B = 2048 // D, 16384 // S
 q, k, v = (
     torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=bwd)
