@@ -130,11 +130,12 @@ def fills_tall_tiles(seqlen_q: int, masked: bool, sliding: bool = False) -> bool
     rows, or >= 16384 with a left window bound (`sliding`: not measured below 16k).
 
     Under the causal mask, the 64-row two-CTA tile / the 192-row tile of today's table
-    (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6, 8k 443.6 / 473.4, 16k (both
-    the 192-row tile) 504.5 / 504.3 (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 /
-    457.8, 8k 439.8 / 470.8 (tune_fwd_d64_tall_6k8k_causal_h200.json). 5k not measured. The
-    16k threshold before came from the 128-row tile of an older table
-    (tune_d64_tall_causal_h200.json: +2% at 16k, -2.5% at 4k, 8k not measured)."""
+    (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6, 8k 443.6 / 473.4
+    (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 / 457.8, 8k 439.8 / 470.8
+    (tune_fwd_d64_tall_6k8k_causal_h200.json); 16k 461.4 / 491.8
+    (tune_fwd_d64_tall_persistent_causal_h200.json). 5k not measured. The 16k threshold
+    before came from the 128-row tile of an older table (tune_d64_tall_causal_h200.json: +2%
+    at 16k, -2.5% at 4k, 8k not measured)."""
     if seqlen_q < (2048 if not masked else 16384 if sliding else 6144):
         return False
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
