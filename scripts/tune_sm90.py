@@ -148,7 +148,7 @@ def main():
         # the variant the library runs for this shape (tall: the long-query bucket; the
         # persistent-grid bucket of dense rows)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        tall = not decode and fills_tall_tiles(sq, causal or local, local)
+        tall = not decode and fills_tall_tiles(sq, *(w >= 0 for w in window))
         base = fwd_tile_config(
             d, dv, causal, local, decode, tall=tall,
             persistent_sms=sms if fwd_persistent(d, sk, *window) else 0,

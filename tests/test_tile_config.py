@@ -37,11 +37,12 @@ PLAIN = AttnProblem(
 )  # fmt: skip
 def test_fills_tall_tiles(sq, tall):
     # >= 2048 rows, padded to 192 by at most 4% more than to 128 (2500: 2688 vs 2560 rows)
-    assert fills_tall_tiles(sq, masked=False) is tall
-    # under the causal mask from 6k rows (4k causal measured a loss), with a sliding window
-    # from 16k (not measured below)
-    assert fills_tall_tiles(sq, masked=True) is (tall and sq >= 6144)
-    assert fills_tall_tiles(sq, masked=True, sliding=True) is (tall and sq >= 16384)
+    assert fills_tall_tiles(sq) is tall
+    # under the causal mask (a right bound) from 6k rows (4k causal measured a loss), with a
+    # left window bound from 16k (at 8k it lost)
+    assert fills_tall_tiles(sq, has_right=True) is (tall and sq >= 6144)
+    for right in (False, True):
+        assert fills_tall_tiles(sq, has_left=True, has_right=right) is (tall and sq >= 16384)
 
 
 def test_tall_only_changes_d64():

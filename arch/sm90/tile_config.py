@@ -122,12 +122,14 @@ class FwdTileConfig:
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
-def fills_tall_tiles(seqlen_q: int, masked: bool, sliding: bool = False) -> bool:
+def fills_tall_tiles(seqlen_q: int, has_left: bool = False, has_right: bool = False) -> bool:
     """Whether a dense query length suits 192-row tiles (the D=64 `tall` variant): padded to a
     multiple of 192 by at most 4% more rows than to a multiple of 128 (1024 rows become 1152,
     12.5% more, and cost 5%), and long enough where measured to win: >= 2048 rows without a
-    mask (+2% at 4k, +6.5% at 16k; tune_d64_tiles_h200.json); under a mask (`masked`) >= 6144
-    rows, or >= 16384 with a left window bound (`sliding`: not measured below 16k).
+    mask (+2% at 4k, +6.5% at 16k; tune_d64_tiles_h200.json); with a right bound only (the
+    causal corner) >= 6144 rows; with a left window bound >= 16384 (a sliding window: at 8k
+    the 192-row tile lost 14-26%, tune_fwd_d64_tall_window_8k_h200.json; 16k not measured).
+    The bounds are the kernel problem's (a window side present or not).
 
     Under the causal mask, the 64-row two-CTA tile / the 192-row tile of today's table
     (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6, 8k 443.6 / 473.4
@@ -136,7 +138,7 @@ def fills_tall_tiles(seqlen_q: int, masked: bool, sliding: bool = False) -> bool
     (tune_fwd_d64_tall_persistent_causal_h200.json). 5k not measured. The 16k threshold
     before came from the 128-row tile of an older table (tune_d64_tall_causal_h200.json: +2%
     at 16k, -2.5% at 4k, 8k not measured)."""
-    if seqlen_q < (2048 if not masked else 16384 if sliding else 6144):
+    if seqlen_q < (16384 if has_left else 6144 if has_right else 2048):
         return False
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
