@@ -404,7 +404,7 @@ def tall_rows(kp: AttnProblem, features: InputFeatures, pack: bool, max_seqlen_q
     count, as packed decode does."""
     if pack or features.cu_seqlens_q:
         return False
-    return fills_tall_tiles(max_seqlen_q, kp.window_left >= 0, kp.window_right >= 0)
+    return fills_tall_tiles(max_seqlen_q, kp.window_left, kp.window_right)
 
 
 def _kernel_problem(p: AttnProblem, pack: bool) -> AttnProblem:

@@ -69,6 +69,7 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "d64-2k-causal": (8, 2048, 2048, 32, 64, True, False),
     "d64-8k-causal": (2, 8192, 8192, 32, 64, True, False),
     "d64-6k-causal": (3, 6144, 6144, 32, 64, True, False),
+    "d64-5k-causal": (3, 5120, 5120, 32, 64, True, False),
     "d64-2k": (8, 2048, 2048, 32, 64, False, False),
     "d64-8k": (2, 8192, 8192, 32, 64, False, False),
     # sliding windows (left, 0): the local mask
@@ -81,6 +82,10 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "d64-8k-win256": (2, 8192, 8192, 32, 64, False, False, 256),
     "d64-8k-win512": (2, 8192, 8192, 32, 64, False, False, 512),
     "d96-8k-win1k": (2, 8192, 8192, 16, 96, False, False, 1024),
+    "d64-16k-win512": (1, 16384, 16384, 32, 64, False, False, 512),
+    "d64-16k-win1k": (1, 16384, 16384, 32, 64, False, False, 1024),
+    "d64-16k-win2k": (1, 16384, 16384, 32, 64, False, False, 2048),
+    "d64-16k-win4k": (1, 16384, 16384, 32, 64, False, False, 4096),
     "decode-b8-8k": (8, 4, 8192, 8, 128, False, True),
     "decode-b64-8k": (64, 4, 8192, 8, 128, False, True),
     "decode-b128-2k": (128, 4, 2048, 8, 128, False, True),
@@ -148,7 +153,7 @@ def main():
         # the variant the library runs for this shape (tall: the long-query bucket; the
         # persistent-grid bucket of dense rows)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        tall = not decode and fills_tall_tiles(sq, *(w >= 0 for w in window))
+        tall = not decode and fills_tall_tiles(sq, *window)
         base = fwd_tile_config(
             d, dv, causal, local, decode, tall=tall,
             persistent_sms=sms if fwd_persistent(d, sk, *window) else 0,

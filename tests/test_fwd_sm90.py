@@ -111,14 +111,16 @@ def test_fwd_tall_d64(dtype, sq, sk):
 @pytest.mark.parametrize("sq,sk", [(16384, 16384), (16500, 16000)])
 @pytest.mark.parametrize("mode", ["causal", "window", "softcap"])
 def test_fwd_tall_d64_masked(sq, sk, mode):
-    # under a mask the tall variant starts at 16k rows with a sliding window, at 6k without
-    _check_tall(1, sq, sk, 2, 1, torch.bfloat16, **mode_kwargs(mode))
+    # under a mask the tall variant starts at 16k rows with a sliding window of >= 4096 keys,
+    # at 5k without one
+    kw = {"window_size": (4000, 101)} if mode == "window" else mode_kwargs(mode)
+    _check_tall(1, sq, sk, 2, 1, torch.bfloat16, **kw)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sq,sk", [(8192, 8192), (8300, 8000), (8200, 9001)])
-def test_fwd_tall_d64_causal_8k(sq, sk):
-    # the causal mask takes the tall variant from 6k rows
+@pytest.mark.parametrize("sq,sk", [(5120, 5200), (8192, 8192), (8300, 8000), (8200, 9001)])
+def test_fwd_tall_d64_causal_mid(sq, sk):
+    # the causal mask takes the tall variant from 5k rows
     _check_tall(1, sq, sk, 2, 1, torch.bfloat16, causal=True)
 
 
@@ -304,6 +306,20 @@ def test_fwd_persistent_covers_every_tile(monkeypatch, d, sq, ctas, kw):
     assert {out.data_ptr(), lse.data_ptr()} == ptrs, "poisoned blocks were not reused"
     (key,) = keys
     assert FwdTileConfig(*key.tile).persistent_ctas == ctas, key
+
+
+# D=64 at 16k rows under a narrow sliding window: the 64-row tile on a persistent grid
+# (tile_config.fills_tall_tiles keeps 192-row tiles for windows >= 4096 keys wide)
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk,window", [(16384, 16384, (512, 0)), (16500, 16000, (300, 200))])
+def test_fwd_d64_long_narrow_window(monkeypatch, sq, sk, window):
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    with _forced_table(monkeypatch, lambda cfg: cfg) as keys:
+        _check(*attn_inputs(1, sq, sk, 2, 1, 64, 64, torch.bfloat16), window_size=window)
+    (key,) = keys
+    cfg = FwdTileConfig(*key.tile)
+    assert cfg.tile_m == 64 and cfg.persistent_ctas > 0, key
 
 
 @pytest.mark.gpu

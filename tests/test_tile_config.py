@@ -32,17 +32,21 @@ PLAIN = AttnProblem(
 @pytest.mark.parametrize(
     "sq,tall",
     [(1, False), (384, False), (1024, False), (2000, False), (2048, True), (2500, False),
-     (3001, True), (4096, True), (4224, True), (6144, True), (8192, True), (8300, True),
-     (16384, True)],
+     (3001, True), (4096, True), (4224, True), (5120, True), (6144, True), (8192, True),
+     (8300, True), (16384, True)],
 )  # fmt: skip
 def test_fills_tall_tiles(sq, tall):
     # >= 2048 rows, padded to 192 by at most 4% more than to 128 (2500: 2688 vs 2560 rows)
     assert fills_tall_tiles(sq) is tall
-    # under the causal mask (a right bound) from 6k rows (4k causal measured a loss), with a
-    # left window bound from 16k (at 8k it lost)
-    assert fills_tall_tiles(sq, has_right=True) is (tall and sq >= 6144)
-    for right in (False, True):
-        assert fills_tall_tiles(sq, has_left=True, has_right=right) is (tall and sq >= 16384)
+    # under the causal mask (a right bound) from 5k rows (4k causal measured a loss); with a
+    # left window bound from 16k rows (at 8k it lost) and only for windows >= 4096 keys wide
+    # or open on the right (narrow windows lost at 16k)
+    assert fills_tall_tiles(sq, -1, 0) is (tall and sq >= 5120)
+    assert fills_tall_tiles(sq, -1, 37) is (tall and sq >= 5120)
+    for left, right in ((4096, 0), (4000, 96), (100, -1), (0, 1 << 20)):
+        assert fills_tall_tiles(sq, left, right) is (tall and sq >= 16384)
+    for left, right in ((4095, 0), (2048, 0), (37, 11), (0, 0), (511, 1)):
+        assert not fills_tall_tiles(sq, left, right)
 
 
 def test_tall_only_changes_d64():
@@ -154,6 +158,9 @@ def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
         assert ctas(96, 16384, 16384, left=100, right=7) == 132
         assert ctas(64, 8192, 8192, causal=True, left=512) == 264
         assert ctas(64, 8192, 8192, left=500, right=13) == 0
+        # at 16k a window this narrow keeps the 64-row tile (fills_tall_tiles), persistent
+        assert ctas(64, 16384, 16384, causal=True, left=512) == 264
+        assert ctas(64, 16384, 16384, causal=True, left=4096) == 0  # the tall tile
         assert ctas(128, 4096, 4096, left=1024) == 0
         assert ctas(128, 4096, 4096, splits=2) == 0  # split partials
         assert ctas(128, 64, 8192, b=1, h=2) == 0  # a grid of 2 CTAs splits the keys
@@ -287,7 +294,7 @@ def test_fwd_persistent_where_measured():
     assert fwd_persistent(128, 100, -1, 5) and not fwd_persistent(256, 1024, -1, 0)
     assert fwd_persistent(128, 1 << 20, 4096, 0) and fwd_persistent(96, 1 << 20, 100, 7)
     assert fwd_persistent(64, 8192, 128, 0) and fwd_persistent(64, 8192, 500, 12)
-    assert not fwd_persistent(64, 8193, 128, 0)  # the 192-row tile's lengths: not measured
+    assert fwd_persistent(64, 1 << 20, 128, 0)  # measured to 16k keys
     assert not fwd_persistent(64, 4096, 1024, 0) and not fwd_persistent(256, 4096, 128, 0)
     assert not fwd_persistent(128, 4096, 1024, -1)  # a left bound alone
 

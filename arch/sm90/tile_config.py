@@ -122,23 +122,36 @@ class FwdTileConfig:
 SUPPORTED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 
 
-def fills_tall_tiles(seqlen_q: int, has_left: bool = False, has_right: bool = False) -> bool:
+# the narrowest sliding window (left + right keys) whose D=64 forwards take the 192-row tile
+TALL_MIN_WINDOW_D64 = 4096
+
+
+def fills_tall_tiles(seqlen_q: int, window_left: int = -1, window_right: int = -1) -> bool:
     """Whether a dense query length suits 192-row tiles (the D=64 `tall` variant): padded to a
     multiple of 192 by at most 4% more rows than to a multiple of 128 (1024 rows become 1152,
-    12.5% more, and cost 5%), and long enough where measured to win: >= 2048 rows without a
-    mask (+2% at 4k, +6.5% at 16k; tune_d64_tiles_h200.json); with a right bound only (the
-    causal corner) >= 6144 rows; with a left window bound >= 16384 (a sliding window: at 8k
-    the 192-row tile lost 14-26%, tune_fwd_d64_tall_window_8k_h200.json; 16k not measured).
-    The bounds are the kernel problem's (a window side present or not).
+    12.5% more, and cost 5%), and long enough where measured to win. The window is the kernel
+    problem's (-1: that side unbounded; the causal corner is (-1, 0)).
 
-    Under the causal mask, the 64-row two-CTA tile / the 192-row tile of today's table
-    (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6, 8k 443.6 / 473.4
-    (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 / 457.8, 8k 439.8 / 470.8
-    (tune_fwd_d64_tall_6k8k_causal_h200.json); 16k 461.4 / 491.8
-    (tune_fwd_d64_tall_persistent_causal_h200.json). 5k not measured. The 16k threshold
-    before came from the 128-row tile of an older table (tune_d64_tall_causal_h200.json: +2%
-    at 16k, -2.5% at 4k, 8k not measured)."""
-    if seqlen_q < (16384 if has_left else 6144 if has_right else 2048):
+    No mask: >= 2048 rows (+2% at 4k, +6.5% at 16k; tune_d64_tiles_h200.json).
+
+    A right bound only (the causal corner): >= 5120 rows. The 64-row two-CTA tile / the
+    192-row tile of today's table (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6,
+    8k 443.6 / 473.4 (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 / 457.8, 8k 439.8 /
+    470.8 (tune_fwd_d64_tall_6k8k_causal_h200.json); 16k 461.4 / 491.8
+    (tune_fwd_d64_tall_persistent_causal_h200.json); 4k 412.3 / 405.8, 5k 422.2 / 435.4, 6k
+    428.3 / 454.0 (tune_fwd_d64_tall_5k_causal_h200.json). 4.5k not measured.
+
+    A left bound: >= 16384 rows and a window at least TALL_MIN_WINDOW_D64 keys wide (or open
+    on the right). A CTA's work is the window's, not the query length's; window (w, 0), same
+    columns: at 8k, 512 keys 278.5 / 207.2, 1k 355.8 / 305.2
+    (tune_fwd_d64_tall_window_8k_h200.json); at 16k, 512 keys 273.2 / 205.5, 1k 346.4 /
+    294.6, 2k 390.6 / 373.1, 4k 425.6 / 436.7 (tune_fwd_d64_tall_window_16k_h200.json). Wide
+    windows below 16k rows not measured."""
+    if window_left >= 0:
+        wide = window_right < 0 or window_left + window_right >= TALL_MIN_WINDOW_D64
+        if seqlen_q < 16384 or not wide:
+            return False
+    elif seqlen_q < (5120 if window_right >= 0 else 2048):
         return False
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
@@ -183,9 +196,12 @@ def fwd_persistent(
     (tune_fwd_winramp_*_h200.json): D=128 4k with 1k keys 438 / 479, 8k with 1k keys 504 /
     520, 16k with 1k keys 445 / 474, 16k with 4k keys 591 / 596; D=96 8k with 1k keys 420 /
     441; D=64 (264 CTAs) 4k with 128 keys 114 / 122, 8k with 256 keys 190 / 191, 512 keys
-    272 / 278, 1k keys 355 / 349. Taken at D=96 / 128 for every window and length (a row's
-    keys are the window's, not seqlen_k); at D=64 for windows up to 512 keys wide and up to
-    the 8k keys measured (longer queries take the 192-row tile, not measured with a window).
+    272 / 278, 1k keys 355 / 349; D=64 16k (the 64-row tile, which
+    fills_tall_tiles keeps for windows this narrow; tune_fwd_d64_tall_window_16k_h200.json)
+    with 512 keys 273 / 277, 1k 346 / 352, 2k 391 / 394, 4k 426 / 426. Taken at D=96 / 128
+    for every window and length (a row's keys are the window's, not seqlen_k); at D=64 for
+    windows up to 512 keys wide, any length (1k-2k keys: -1.7% at 8k, +0.7-1.5% at 16k;
+    left alone).
     Pairs over every tile of a window had lost 10% at 16k with 4k keys
     (tune_fwd_pwindow*_h200.json).
 
@@ -197,10 +213,7 @@ def fwd_persistent(
     if window_left >= 0:
         if window_right < 0 or head_dim > 64:
             return window_right >= 0
-        return (
-            window_left + window_right <= PERSISTENT_MAX_WINDOW_D64
-            and seqlen_k <= PERSISTENT_MAX_KEYS
-        )
+        return window_left + window_right <= PERSISTENT_MAX_WINDOW_D64
     if window_right >= 0 and head_dim <= 64:
         return seqlen_k <= PERSISTENT_MAX_KEYS_D64_CAUSAL
     return head_dim <= 64 or seqlen_k <= PERSISTENT_MAX_KEYS
