@@ -352,7 +352,9 @@ def _dense_tile_config(
         # unmasked rows, which keeps those (fills_tall_tiles). Earlier, for the 128 x 128 tile:
         # ping-pong on under a mask (4k causal 377 -> 395, 1k causal 262 -> 275,
         # tune_fwd_pingpong_l2_h200.json); exp2_emu_every off (every 4th exponential on the FMA
-        # pipe -8..-10%, every 8th -1..-2%, tune_exp2_emu_d64_h200.json); overlap on (off: 388
+        # pipe -8..-10%, every 8th -1..-2%, tune_exp2_emu_d64_h200.json; on today's 64- and
+        # 192-row tiles every 8th / 32nd -4..-9% / -2.9..-4.4%, and at D=128 16k -6% / -2.5%,
+        # tune_fwd_exp2_emu_s29_h200.json); overlap on (off: 388
         # vs 445 at 16k, tune_d64_tiles.json). split_mask_loops with a 2-probability P V anchor
         # against neither (round-robin, TFLOP/s, two runs: tune_fwd_d64_split_h200.json and
         # tune_fwd_d64_split_confirm_short_h200.json): 1k 392 / 389 and 393 / 388, 1k causal
