@@ -196,12 +196,11 @@ def fwd_persistent(
     (tune_fwd_winramp_*_h200.json): D=128 4k with 1k keys 438 / 479, 8k with 1k keys 504 /
     520, 16k with 1k keys 445 / 474, 16k with 4k keys 591 / 596; D=96 8k with 1k keys 420 /
     441; D=64 (264 CTAs) 4k with 128 keys 114 / 122, 8k with 256 keys 190 / 191, 512 keys
-    272 / 278, 1k keys 355 / 349; D=64 16k (the 64-row tile, which
-    fills_tall_tiles keeps for windows this narrow; tune_fwd_d64_tall_window_16k_h200.json)
-    with 512 keys 273 / 277, 1k 346 / 352, 2k 391 / 394, 4k 426 / 426. Taken at D=96 / 128
-    for every window and length (a row's keys are the window's, not seqlen_k); at D=64 for
-    windows up to 512 keys wide, any length (1k-2k keys: -1.7% at 8k, +0.7-1.5% at 16k;
-    left alone).
+    272 / 278, 1k keys 355 / 349; D=64 16k (the 64-row tile, which fills_tall_tiles keeps
+    for windows this narrow; tune_fwd_d64_tall_window_16k_h200.json) with 512 keys 273 / 277,
+    1k 346 / 352, 2k 391 / 394, 4k 426 / 426. Taken at D=96 / 128 for every window and length
+    (a row's keys are the window's, not seqlen_k); at D=64 for windows up to 512 keys wide,
+    any length (measured to 16k; 1k-2k keys: -1.7% at 8k, +0.7-1.5% at 16k, left alone).
     Pairs over every tile of a window had lost 10% at 16k with 4k keys
     (tune_fwd_pwindow*_h200.json).
 
