@@ -292,7 +292,7 @@ def _aux_jobs(arch, head_dims, dtypes):
     index-check set, and the backward's pre/postprocess per dtype and head-dim pair (dense,
     and packed for each tile_m the backward table uses at that pair)."""
     from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, bwd_tile_config
-    from .bwd_sm90 import _aux_keys, build_bwd_aux
+    from .bwd_sm90 import _aux_keys, _flat_fields, build_bwd_aux
     from .fwd_sm90 import CombineKey, IndexCheckKey, build_combine, build_index_check
 
     dvs = sorted({dv for d, dv in SUPPORTED_HEAD_DIMS if not head_dims or d in head_dims})
@@ -312,15 +312,20 @@ def _aux_jobs(arch, head_dims, dtypes):
         if head_dims and d not in head_dims:
             continue
         # the packed forms pad each sequence to the main kernel's tile_m (run_bwd_varlen),
-        # which the table picks from (causal, local, softcap, deterministic, group_heads,
-        # varlen)
-        tms = {
-            bwd_tile_config(d, dv, *flags).tile_m
-            for flags in itertools.product((False, True), repeat=6)
-        }
-        for tm in (0, *sorted(tms)):
+        # and a register-order dQ tile (dq_flat) has a postprocess of its own; the table
+        # picks both from (causal, local, softcap, deterministic, group_heads, varlen, short)
+        forms = set()
+        for flags in itertools.product((False, True), repeat=7):
+            cfg = bwd_tile_config(d, dv, *flags)
+            forms.add((cfg.tile_m if flags[5] else 0, _flat_fields(cfg)))
+        keys = {}
+        for tm, flat in sorted(forms):
+            for key in _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm, flat):
+                keys[key] = tm
+        for key, tm in keys.items():
             form = f"varlen tile_m {tm}" if tm else "dense"
-            for key in _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm):
-                # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
-                yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", (
-                    lambda k=key: build_bwd_aux(k)), ("LDG.E.128",)  # fmt: skip
+            if key.dq_flat:
+                form += " dq_flat " + "x".join(map(str, key.dq_flat))
+            # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
+            yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", (
+                lambda k=key: build_bwd_aux(k)), ("LDG.E.128",)  # fmt: skip

@@ -7,8 +7,11 @@ around it, all on the caller's stream:
     D = rowsum(dO * O) in fp32, the fp32 dQ accumulator zeroed; an lse gradient is then
     subtracted from D here (D = rowsum(dO * O) - dlse);
   * postprocess (arch/common/bwd_postprocess.py): dQ = accumulator * softmax_scale in the
-    input dtype; for GQA / MQA dK and dV (written per query head) are summed in fp32 over the
-    query heads sharing a KV head by torch, unless the key's `group_heads` variant ran (a CTA
+    input dtype. The accumulator is (batch, rows, heads, dim), or under the tile's dq_flat
+    (batch, heads, rows padded to whole tiles, dQ^T's head-dim rows) with each tile in the
+    main kernel's register order (arch/common/dq_flat.py), which the postprocess undoes. For
+    GQA / MQA dK and dV (written per query head) are summed in fp32 over the query heads
+    sharing a KV head by torch, unless the key's `group_heads` variant ran (a CTA
     per KV head walking its query heads, the sum in the kernel's registers; chosen by
     `runtime_bwd_key` from the grid size, tile_config.bwd_group_heads). runtime_bwd_key also
     puts dense causal calls of at most 2k query rows at D = 96 / 128 on 64-row tiles
@@ -121,6 +124,9 @@ class BwdAuxKey(KernelKey):
     head_dim: int
     head_dim_v: int
     varlen_tile_m: int = 0  # packed: the main kernel's tile_m, which pads each sequence's rows
+    # post: the main kernel's register-order dQ tile (BwdTileConfig.dq_flat: tile_m, parts,
+    # groups; arch/common/dq_flat.DqFlatTile), or () for a (row, dim) accumulator
+    dq_flat: tuple[int, ...] = ()
 
 
 @compiled_cache("sm90_bwd_aux", exportable=True)
@@ -133,18 +139,34 @@ def build_bwd_aux(key: BwdAuxKey):
             key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm
         )
     return c.compile_bwd_postprocess(
-        key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm
+        key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat
     )
 
 
 @functools.lru_cache(maxsize=64)
 def _aux_keys(
-    arch: str, dtype: str, d: int, dv: int, varlen_tile_m: int = 0
+    arch: str, dtype: str, d: int, dv: int, varlen_tile_m: int = 0, dq_flat: tuple = ()
 ) -> tuple[BwdAuxKey, BwdAuxKey]:
     return (
         BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m),
-        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m),
+        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat),
     )
+
+
+def _flat_fields(cfg: BwdTileConfig) -> tuple:
+    flat = cfg.dq_flat_tile()
+    return () if flat is None else dataclasses.astuple(flat)
+
+
+def _dq_accumulator(cfg: BwdTileConfig, batch: int, rows: int, h: int, d: int, device):
+    """The zeroed-by-the-preprocess fp32 dQ accumulator, as a (batch, rows, heads, d) view:
+    (batch, rows, heads, d) itself, or under dq_flat (batch, heads, rows, dq_head_dim)
+    storage, each (batch, head) pair's rows back to back (rows: whole tiles)."""
+    if cfg.dq_flat:
+        dq_d = cfg.dq_tile_head_dim(d)
+        acc = torch.empty((batch, h, rows, dq_d), dtype=torch.float32, device=device)
+        return acc.permute(0, 2, 1, 3)[..., :d]
+    return torch.empty((batch, rows, h, d), dtype=torch.float32, device=device)
 
 
 @compiled_cache("sm90_bwd", exportable=True)
@@ -215,13 +237,14 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     if b == 0 or sq == 0 or sk == 0:
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
     key = key or runtime_bwd_key(p, b, sk)
-    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim)
     cfg = BwdTileConfig(*key.tile)
+    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg))
     dout, out = _tma_ready(dout), _tma_ready(out)
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
     lse_log2, dsum = torch.empty((b, h, sq_pad), **f32), torch.empty((b, h, sq_pad), **f32)
-    dq_acc = torch.empty((b, sq, h, d), **f32)
+    # dq_flat adds whole tiles: rows padded like lse_log2's, of which the preprocess clears q's
+    dq_acc = _dq_accumulator(cfg, b, sq_pad if cfg.dq_flat else sq, h, d, q.device)
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
     dk_h = torch.empty((b, sk, h_dkv, d), dtype=q.dtype, device=q.device)
@@ -238,7 +261,7 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
         dsum[:, :, :sq] -= dlse.float()
 
     _launch(
-        q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc, None, sq),
+        q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc[:, :sq], None, sq),
         main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
                None),
         post, (dq_acc, dq, p.softmax_scale, None, sq),
@@ -287,14 +310,14 @@ def run_bwd_varlen(
     key = key or runtime_bwd_key(p, batch, p.seqlen_k)
     cfg = BwdTileConfig(*key.tile)
     tm = cfg.tile_m
-    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, tm)
+    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg))
     dout, out = _tma_ready(dout), _tma_ready(out)
     # sequence b's rows start at floor((cu_q[b] + b * tm) / tm) * tm and span whole tiles:
     # every row lies below total_q + batch * tm (seqlen.padded_row_offset)
     rows = -(-(total_q + batch * tm) // tm) * tm
     f32 = dict(dtype=torch.float32, device=q.device)
     lse_log2, dsum = torch.empty((1, h, rows), **f32), torch.empty((1, h, rows), **f32)
-    dq_acc = torch.empty((1, rows, h, d), **f32)
+    dq_acc = _dq_accumulator(cfg, 1, rows, h, d, q.device)
     dq = torch.empty((total_q, h, d), dtype=q.dtype, device=q.device)
     h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
     dk_h = torch.empty((total_k, h_dkv, d), dtype=q.dtype, device=q.device)

@@ -348,14 +348,18 @@ from cute_attn.arch.sm90.compile import compile_bwd_postprocess, compile_bwd_pre
 from cute_attn.aot import _sass
 rows = []
 for dt in ("bfloat16", "float16"):
-    for d, tm in ((64, 0), (96, 0), (128, 0), (128, 80), (256, 64)):  # tm > 0: varlen
+    for d, tm, flat in ((64, 0, ()), (96, 0, ()), (128, 0, ()), (128, 80, ()), (256, 64, ()),
+                        (64, 0, (128, 1, 2)), (96, 0, (96, 2, 1)), (128, 80, (80, 2, 1))):
         for kind, build in (
             ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm)),
-            ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm)),
+            ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm, dq_flat=flat)),
         ):
+            if kind == "pre" and flat:
+                continue
             opts = f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
             sass = _sass(build().__cubin__)
             rows.append({"kind": kind, "dtype": dt, "d": d, "varlen": tm, "sass": bool(sass),
+                         "flat": list(flat), "sts16": sass.count("STS.U16"),
                          "ldg128": sass.count("LDG.E.128"), "stg128": sass.count("STG.E.128"),
                          "stg64": sass.count("STG.E.64"),
                          "spills": sass.count("STL") + sass.count("LDL")})
@@ -367,15 +371,20 @@ print(json.dumps(rows))
 def test_compile_bwd_aux_kernels(tmp_path):
     # dense and packed (varlen, rows padded per sequence) forms of both kernels
     rows = run_json_snippet(_AUX_SNIPPET, tmp_path)
-    assert len(rows) == 20
+    assert len(rows) == 26
     for r in rows:
         if not r["sass"]:
             pytest.skip("nvdisasm not installed: cannot read SASS")
         # 16-byte vectors of dO and O in, of the cleared dQ accumulator out (pre); the fp32
         # accumulator in 16-byte vectors, each out as 4 16-bit elements in one 8-byte store
-        # (post, bwd_preprocess.lane_vectors)
+        # (post, bwd_preprocess.lane_vectors). A register-order tile (dq_flat): its 16-byte
+        # runs in, each element to its (row, dim) place in smem, rows out in 16-byte stores
         assert r["spills"] == 0, r
-        if r["kind"] == "pre":
+        if r["flat"]:
+            tm, parts, _ = r["flat"]
+            runs = tm * 64 * parts // (4 * 128)  # 16-byte runs a thread
+            assert r["ldg128"] == runs and r["sts16"] == 4 * runs and r["stg128"] >= 1, r
+        elif r["kind"] == "pre":
             assert r["ldg128"] >= 2 and r["stg128"] >= 1, r
         else:
             assert r["ldg128"] >= 1 and r["stg64"] == r["ldg128"] and r["stg128"] == 0, r
@@ -437,6 +446,7 @@ for name in ("False", "True", "d64", "d96"):
     out[name] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass), "shapes": shapes,
                      "tile": [cfg.tile_m, cfg.dq_swap_ab], "spills": spills,
                      "reduces": sass.count("UTMAREDG"), "sts32": len(re.findall(r"STS \[", sass)),
+                     "sts128": sass.count("STS.128 "), "flat": cfg.dq_flat,
                      "wg_handoff": "BAR.SYNC.DEFER_BLOCKING 0x5, 0xa0" in sass,
                      "joint_handoff": bool(re.search(r"BAR\.[A-Z_.]+ [^,;]+, 0x120 ;", sass))}
 print(json.dumps(out))
@@ -447,8 +457,8 @@ print(json.dumps(out))
 def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
     # the table's D=128 tile is what the kernel builds, default and deterministic: 80 query
     # rows, dQ^T = K^T dS^T as 64 x 80 wgmmas with a transposed A (K^T), each warpgroup
-    # handing its own head-dim half to the writer in 128-byte-swizzled boxes (32 fp32
-    # columns: two per half), staged by 32-bit stores (two query rows a register pair)
+    # handing its own head-dim half to the writer, staged in register order (dq_flat): 10
+    # 128-bit stores a thread and tile (40 floats), one contiguous reduce-add a half
     r = run_json_snippet(_DQ_SWIZZLE_SNIPPET, tmp_path, timeout=900)
     default, det = r["False"], r["True"]
     if not default["sass"]:
@@ -459,15 +469,16 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
         # per k-step of 16: S^T and dP^T over D = 128 (8 each), dQ^T over the 128 keys (8);
         # dV and dK over the 80 query rows (5 each)
         assert v["shapes"] == {"64x80x16": 16, "64x80x16 tnspA": 8, "64x128x16": 10}, r
-        assert v["sts32"] >= 40, r
+        assert v["flat"] and v["sts128"] == 10, r
     assert default["reduces"] == det["reduces"] > 0, r
     # D=64 (the table's 128-row tile): one 64-row head-dim tile whose query columns the
-    # warpgroups split (64 x 64 wgmmas, two loops under the split mask), the whole tile
-    # handed over at once in two 128-byte-swizzled boxes
+    # warpgroups split (64 x 64 wgmmas, the split mask's loops), the whole tile handed over
+    # at once as one contiguous reduce-add, staged by 8 128-bit stores a thread in each of
+    # the two loop copies (unmasked, then the diagonal's)
     d64 = r["d64"]
     assert d64["tile"] == [128, True] and d64["spills"] == 0, r
     assert d64["shapes"] == {"64x128x16": 16, "64x64x16": 32, "64x64x16 tnspA": 16}, r
-    assert d64["reduces"] == 2 and d64["sts32"] >= 64, r
+    assert d64["flat"] and d64["reduces"] == 1 and d64["sts128"] == 16, r
     assert not d64["wg_handoff"] and d64["joint_handoff"], r
     # D=96 (96 query rows): S^T, dP^T over its own 96 columns (6 k-steps each) and dV, dK as
     # N = 96 over the 96 rows (6 each); only dQ^T keeps 128 head-dim rows (K's padded tile,
@@ -476,6 +487,7 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
     assert d96["tile"] == [96, True] and d96["spills"] == 0, r
     assert d96["shapes"] == {"64x96x16": 24, "64x96x16 tnspA": 8}, r
     assert d96["wg_handoff"] and not d96["joint_handoff"] and d96["reduces"] > 0, r
+    assert d96["flat"] and d96["sts128"] == 12, r
 
 
 _WIDE_SNIPPET = r"""

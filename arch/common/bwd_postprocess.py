@@ -10,6 +10,12 @@ of two dividing it (16 at head_dim 192, 8 at 96).
 Packed sequences (`varlen_tile_m` > 0): dq_acc holds sequence b's rows from
 seqlen.padded_row_offset (bwd_preprocess), dq is packed by cu_seqlens_q; both unit-batch.
 
+Flat accumulator (`flat`, a dq_flat.DqFlatTile; BwdTileConfig.dq_flat): dq_acc's rows of one
+(batch, head) pair lie back to back, dq_head_dim floats apart, and each tile of tile_m rows
+holds its elements in the main kernel's register order. A CTA per tile then loads the tile
+with 16-byte loads in that order, puts each element at its (row, dim) place in a 16-bit smem
+tile, and stores the tile's rows with 16-byte stores.
+
 Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contiguous.
 """
 
@@ -21,15 +27,23 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .bwd_preprocess import lane_vectors, row_threads, varlen_rows
+from .dq_flat import DqFlatTile, flat_coords
 
 NUM_THREADS = 128
 
 
 class BwdPostprocess:
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, varlen_tile_m: int = 0):
+    def __init__(
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        varlen_tile_m: int = 0,
+        flat: DqFlatTile | None = None,
+    ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.varlen_tile_m = varlen_tile_m  # > 0: packed (see the module docstring)
+        self.flat = flat  # the main kernel's register-order tile, or None (row order)
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -40,6 +54,16 @@ class BwdPostprocess:
         self.threads_per_row = row_threads(2 * self.head_dim, 32)
         self.vecs = self.head_dim // (4 * self.threads_per_row)  # runs per thread
         self.rows_per_cta = NUM_THREADS // self.threads_per_row
+        if self.flat is not None:
+            if self.flat.head_dim < self.head_dim:
+                raise ValueError(f"flat tile of {self.flat.head_dim} dims < head_dim")
+            if self.varlen_tile_m not in (0, self.flat.tile_m):
+                raise ValueError("packed rows are padded to the flat tile's tile_m")
+            # 16-byte runs a thread loads (NUM_THREADS a step) and 16-bit rows written out
+            self.flat_steps = self.flat.tile_elems // (4 * NUM_THREADS)
+            self.rows_per_cta = self.flat.tile_m
+            # the smem tile's row: the tile's dims plus 16 bytes, so rows start on other banks
+            self.flat_row = self.flat.head_dim + 8
 
     @cute.jit
     def __call__(
@@ -55,7 +79,8 @@ class BwdPostprocess:
         if cutlass.const_expr(self.varlen_tile_m > 0):
             rows, num_batch = max_seqlen_q, mCuSeqlensQ.shape[0] - 1
         grid = (cute.ceil_div(rows, self.rows_per_cta), cute.size(mdQ.shape[2]), num_batch)
-        self.kernel(mdQacc, mdQ, softmax_scale, mCuSeqlensQ).launch(
+        kernel = self.kernel if cutlass.const_expr(self.flat is None) else self.kernel_flat
+        kernel(mdQacc, mdQ, softmax_scale, mCuSeqlensQ).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
         )
 
@@ -83,6 +108,55 @@ class BwdPostprocess:
             r_dq = cute.make_rmem_tensor((4, nv), self.dtype)
             r_dq.store((r_acc.load() * softmax_scale).to(self.dtype))
             cute.autovec_copy(r_dq, lane_vectors(mdQ[b, start + row, head, None], lane, 4, tpr, nv))
+
+    @cute.kernel
+    def kernel_flat(
+        self,
+        mdQacc: cute.Tensor,
+        mdQ: cute.Tensor,
+        softmax_scale: Float32,
+        mCuSeqlensQ: cute.Tensor | None,
+    ):
+        tile = self.flat
+        tm = tile.tile_m
+        tidx = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        b, start, pad, seqlen = batch, Int32(0), Int32(0), mdQ.shape[1]
+        if cutlass.const_expr(self.varlen_tile_m > 0):
+            b = Int32(0)
+            start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mdQ.shape[1], tm)
+        row0 = m_block * tm
+        sT = cutlass.memory.SmemAllocator().allocate_tensor(
+            self.dtype, cute.make_layout((tm, self.flat_row), stride=(self.flat_row, 1)), 16
+        )
+        if row0 < seqlen:
+            # the tile: tile_elems floats from its first row on, run tidx of every step
+            g_tile = cute.make_tensor(
+                mdQacc[b, pad + row0, head, None].iterator,
+                cute.make_layout((4, NUM_THREADS, self.flat_steps), stride=(1, 4, 4 * NUM_THREADS)),
+            )
+            r_acc = cute.make_rmem_tensor((4, self.flat_steps), Float32)
+            cute.autovec_copy(g_tile[None, tidx, None], r_acc)
+            for step in cutlass.range_constexpr(self.flat_steps):
+                d, q = flat_coords(tile, (step * NUM_THREADS + tidx) * 4)
+                # a run is rows q, q + 1 of dims d, d + 8
+                for v in cutlass.range_constexpr(4):
+                    x = self.dtype(r_acc[v, step] * softmax_scale)
+                    sT[q + v % 2, d + 8 * (v // 2)] = x
+            cute.arch.sync_threads()
+            vecs = self.head_dim // 8  # 16-byte vectors of a dQ row
+            sT_v = cute.make_tensor(
+                sT.iterator, cute.make_layout((8, vecs, tm), stride=(1, 8, self.flat_row))
+            )
+            for i in cutlass.range_constexpr(-(-tm * vecs // NUM_THREADS)):
+                idx = i * NUM_THREADS + tidx
+                q, vec = idx // vecs, idx % vecs
+                if idx < tm * vecs and row0 + q < seqlen:
+                    g_row = cute.make_tensor(
+                        mdQ[b, start + row0 + q, head, None].iterator,
+                        cute.make_layout((8, vecs), stride=(1, 8)),
+                    )
+                    cute.autovec_copy(sT_v[None, vec, q], g_row[None, vec])
 
 
 __all__ = ["BwdPostprocess", "NUM_THREADS"]

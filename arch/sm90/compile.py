@@ -22,6 +22,7 @@ import cutlass.cute as cute
 
 from ..common.bwd_postprocess import BwdPostprocess
 from ..common.bwd_preprocess import BwdPreprocess
+from ..common.dq_flat import DqFlatTile
 from ..common.features import InputFeatures
 from ..common.index_check import IndexCheck
 from ..common.split_combine import SplitCombine
@@ -149,8 +150,9 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     b, sq, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int()
     q, k, v, sk = _fake_qkv(spec, b, sq)
     do = _fake_bshd(dtype, h, dv, b, sq)
-    # packed: the accumulator has padded rows (sq_pad), not q's
-    dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq_pad if spec.varlen else sq)
+    # packed, or dq_flat (whole tiles): the accumulator has padded rows (sq_pad), not q's
+    padded = spec.varlen or spec.config.dq_flat
+    dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq_pad if padded else sq)
     h_dkv = spec.num_heads_kv if spec.group_heads else h
     dk = _fake_bshd(dtype, h_dkv, d, b, sk)
     dvt = _fake_bshd(dtype, h_dkv, dv, b, sk)
@@ -199,17 +201,21 @@ def compile_bwd_postprocess(
     options: str = "",
     jit_engine: bool = True,
     varlen_tile_m: int = 0,
+    dq_flat: tuple[int, int, int] = (),
 ):
     """TVM-FFI function (dq_accum, dq, softmax_scale, cu_seqlens_q, max_seqlen_q); see
-    BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess)."""
+    BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess; dq_flat: the main kernel's
+    DqFlatTile fields, whose accumulator rows are padded to whole tiles)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq_pad if varlen_tile_m else sq)
+    flat = DqFlatTile(*dq_flat) if dq_flat else None
+    padded = varlen_tile_m or flat is not None
+    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq_pad if padded else sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPostprocess(dtype, head_dim, varlen_tile_m), dq_acc, dq, cutlass.Float32(1.0), cu,
+        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat), dq_acc, dq, cutlass.Float32(1.0), cu,
         cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 

@@ -22,8 +22,11 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     of 96, 64 rows under group_heads, and D = 64's 128 rows),
         dQ^T = K^T dS^T                                 (wgmma SS: 64 head dims a warpgroup,
                                                          the query rows as N, any multiple of 16)
-    staged through the transpose of each warpgroup's half buffer (32-bit stores); at D = 64
-    the warpgroups split dQ^T's query columns instead and stage the whole tile;
+    staged in each warpgroup's half buffer; at D = 64 the warpgroups split dQ^T's query
+    columns instead and stage the whole tile. The table stages dQ^T in register order
+    (BwdTileConfig.dq_flat, arch/common/dq_flat.py: 128-bit stores, one contiguous reduce-add
+    into a (batch, head, row, dim) accumulator whose tiles the postprocess puts back in order);
+    without it through the transpose of a swizzled (row, dim) buffer (32-bit stores);
     masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
     tile can see are never visited;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
@@ -230,6 +233,10 @@ class FlashBwdSm90:
         # warpgroups' head-dim halves (dq_half_staging); at D = 64 the warpgroups split its
         # query columns and stage the whole tile
         self.swap_dq = cfg.dq_swap_ab
+        # dQ^T staged in register order (BwdTileConfig.dq_flat, arch/common/dq_flat.py)
+        self.flat = cfg.dq_flat_tile()
+        if self.flat is not None and self.flat.head_dim != self.tile_dq:
+            raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
         swap_d = 64 * cfg.num_mma_warpgroups if cfg.dq_half_staging else 64
@@ -365,6 +372,21 @@ class FlashBwdSm90:
         sdQ_layout = cute.tile_to_shape(
             sdQ_atom, (tm, dq_cols, self.config.dq_stages), order=(0, 1, 2)
         )
+        mdQ_reduce, dq_box = mdQacc, (tm, dq_cols)
+        if cutlass.const_expr(self.flat is not None):
+            # register order (dq_flat): each buffer holds one part, seen by TMA as rows of 32
+            # floats; the accumulator's (row, dim) block of one (head, batch) pair is such
+            # rows too (dim contiguous, rows dq_d apart: the host allocates it so)
+            part_rows = self.flat.part_elems // 32
+            sdQ_layout = cute.make_layout(
+                (32, part_rows, self.config.dq_stages), stride=(1, 32, self.flat.part_elems)
+            )
+            flat_shape = (32, mdQacc.shape[0] * (dq_d // 32), *mdQacc.shape[2:])
+            mdQ_reduce = cute.make_tensor(
+                mdQacc.iterator,
+                cute.make_layout(flat_shape, stride=(1, 32, *mdQacc.layout.stride[2:])),
+            )
+            dq_box = (32, part_rows)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -396,7 +418,7 @@ class FlashBwdSm90:
         tma_atom_dV, tma_dV = tma(tma_store, mdV_store, sV_layout, (tn, dv))
         tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-            tma_reduce, mdQacc, cute.select(sdQ_layout, mode=[0, 1]), (tm, dq_cols)
+            tma_reduce, mdQ_reduce, cute.select(sdQ_layout, mode=[0, 1]), dq_box
         )
 
         def tile_bytes(layout):
@@ -484,7 +506,7 @@ class FlashBwdSm90:
         sV_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
         sP_layout: cute.ComposedLayout,
-        sdQ_layout: cute.ComposedLayout,
+        sdQ_layout: cute.ComposedLayout | cute.Layout,
         sdK_layout: cute.ComposedLayout,
         sLSE_layout: cute.Layout,
         sDsum_layout: cute.Layout,
@@ -519,7 +541,10 @@ class FlashBwdSm90:
         sP = sdS  # unused without swap_dkv
         if cutlass.const_expr(self.swap_dkv):
             sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        if cutlass.const_expr(self.flat is not None):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        else:
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDsum = storage.sDsum.get_tensor(sDsum_layout)
 
@@ -723,11 +748,21 @@ class FlashBwdSm90:
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
             sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
-            gdQ = cute.local_tile(
-                self._padded_rows(mdQacc[None, None, head_q, seq.q_batch], row_off),
-                (self.tile_m, self.tile_dq // parts),
-                (None, None),
-            )
+            if cutlass.const_expr(self.flat is not None):
+                # a tile's parts in a row of part_elems runs from its first row on (varlen:
+                # row_off, a multiple of tile_m)
+                gdQ = cute.local_tile(
+                    mdQacc[None, None, head_q, seq.q_batch],
+                    (32, self.flat.part_elems // 32),
+                    (0, None),
+                )
+                tile0 = row_off // self.tile_m
+            else:
+                gdQ = cute.local_tile(
+                    self._padded_rows(mdQacc[None, None, head_q, seq.q_batch], row_off),
+                    (self.tile_m, self.tile_dq // parts),
+                    (None, None),
+                )
             tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 for part in cutlass.range_constexpr(parts):
@@ -737,9 +772,13 @@ class FlashBwdSm90:
                     cute.arch.barrier(
                         barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
                     )
+                    if cutlass.const_expr(self.flat is not None):
+                        tdQgdQ_part = tdQgdQ[None, (tile0 + m_block) * parts + part]
+                    else:
+                        tdQgdQ_part = tdQgdQ[None, m_block, part]
                     self._dq_add(
-                        tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ[None, m_block, part], sem_bh, mask,
-                        n_block, m_block, lane, part == 0, part == parts - 1,
+                        tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ_part, sem_bh, mask, n_block,
+                        m_block, lane, part == 0, part == parts - 1,
                     )  # fmt: skip
                     # the warpgroup's own buffer is free again; a shared half buffer goes to the
                     # next part's warpgroup (the first one's next tile)
@@ -851,7 +890,20 @@ class FlashBwdSm90:
             sdS_c, sP_c = transpose_smem_view(sdS), transpose_smem_view(sP)
         tdSsdS = thr_store_ds.partition_D(sdS_c)
         tPsP = thr_store_ds.partition_D(sP_c)
-        if cutlass.const_expr(self.swap_dq and self.dq_halves):
+        if cutlass.const_expr(self.flat is not None):
+            # dQ^T in register order (arch/common/dq_flat.py): a (d part, tm, buffer) view
+            shape, stride = self.flat.part_layout()
+            sdQ_t = cute.make_tensor(
+                sdQ.iterator,
+                cute.make_layout(
+                    (*shape, self.config.dq_stages), stride=(*stride, self.flat.part_elems)
+                ),
+            )
+            if cutlass.const_expr(self.dq_halves):
+                tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(sdQ_t)
+            else:
+                tdQsdQ = thr_dq.partition_C(sdQ_t)
+        elif cutlass.const_expr(self.swap_dq and self.dq_halves):
             # this warpgroup's (d / 2, tm) part of dQ^T, through the transpose of its buffer
             tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(transpose_smem_view(sdQ))
         elif cutlass.const_expr(self.swap_dq):

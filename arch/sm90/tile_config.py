@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..common.dq_flat import DqFlatTile
+
 SMEM_BYTES_SM90 = 227 * 1024  # opt-in dynamic smem per CTA on H100/H200
 SMEM_BYTES_PER_SM_SM90 = 228 * 1024  # per SM, shared by resident CTAs (1 KiB reserved each)
 L2_BYTES_SM90 = 50 * 1024 * 1024  # H100 SXM / H200 L2 (the K/V working set of lpt_l2_sections)
@@ -599,8 +601,16 @@ class BwdTileConfig:
     # pair of named barriers, FlashBwdSm90.mma). Frees tile_m x tile_n x 2 bytes (12 KB at
     # 64 x 96) for a dQ half buffer per warpgroup at D = 192
     single_ds: bool = False
+    # dq_swap_ab only: stage each thread's dQ^T accumulator in register order (128-bit stores,
+    # 4 contiguous floats a 2 x 2 block; arch/common/dq_flat.py) and add the tile into a
+    # (batch, head, row, dim) accumulator as one contiguous run; the postprocess puts the
+    # elements back in (row, dim) order. Without it: 32-bit stores into a swizzled (row, dim)
+    # tile (dq_swizzle)
+    dq_flat: bool = False
 
     def __post_init__(self):
+        if self.dq_flat and not self.dq_swap_ab:
+            raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_stages not in (1, 2):
             raise ValueError(f"dq_stages {self.dq_stages} must be 1 or 2")
         if self.dq_stages == 2 and not self.dq_half_staging:
@@ -659,6 +669,13 @@ class BwdTileConfig:
             m = self.padded_head_dim
             return -(-head_dim // m) * m, -(-head_dim_v // m) * m
         return head_dim, head_dim_v
+
+    def dq_flat_tile(self) -> DqFlatTile | None:
+        """The flat dQ tile (dq_flat), else None."""
+        if not self.dq_flat:
+            return None
+        halves = self.dq_half_staging
+        return DqFlatTile(self.tile_m, 2 if halves else 1, 1 if halves else self.num_mma_warpgroups)
 
     def dq_tile_head_dim(self, head_dim: int) -> int:
         """The head dim of K's smem tile and of dQ^T's rows (staging, reduce-add boxes)."""
@@ -847,7 +864,11 @@ def _bwd_tiles(
         # (tune_bwd_d64_swap_det_h200.json) 16k causal 463 / 495, 4k 411 / 431. Same
         # gradients (err columns).
         return BwdTileConfig(
-            tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True
+            tile_m=128,
+            split_mask_loops=causal and not local,
+            dq_swizzle=128,
+            dq_swap_ab=True,
+            dq_flat=True,
         )
     if head_dim == 96:
         # The D = 128 dQ^T tile (every mask and order but softcap) with S^T, dP^T, dV and dK
@@ -982,5 +1003,5 @@ def _bwd_d128_tile(
         return _bwd_64_rows(dq_swizzle)
     return BwdTileConfig(
         tile_m=64 if group_heads or short else 80, dq_swap_ab=True, dq_swizzle=128,
-        dq_half_staging=True, dq_stages=2,
+        dq_half_staging=True, dq_stages=2, dq_flat=True,
     )  # fmt: skip

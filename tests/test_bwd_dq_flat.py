@@ -1,0 +1,64 @@
+"""CPU: the register-order dQ tile (arch/common/dq_flat.py) that the SM90 backward stages and
+its postprocess reads back, for every flat tile the backward table picks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cute_attn.arch.common.dq_flat import DqFlatTile, flat_coords
+from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+
+
+def _table_flat_tiles():
+    tiles = set()
+    flag_sets = list(itertools.product((False, True), repeat=7))
+    for (d, dv), flags in itertools.product(BWD_HEAD_DIMS, flag_sets):
+        tile = bwd_tile_config(d, dv, *flags).dq_flat_tile()
+        if tile is not None:
+            tiles.add((d, tile))
+    return sorted(tiles, key=str)
+
+
+def test_table_flat_tiles_are_the_swapped_dq_tiles():
+    tiles = _table_flat_tiles()
+    assert tiles, "the table uses no flat dQ tile"
+    for d, tile in tiles:
+        # one 64-row part split by the two warpgroups' query columns (D=64), or a part per
+        # warpgroup (D=96 over 128 head-dim rows, D=128)
+        assert (tile.parts, tile.groups) == ((1, 2) if d == 64 else (2, 1)), (d, tile)
+        assert tile.head_dim == (64 if d == 64 else 128)
+
+
+@pytest.mark.parametrize(
+    "tile",
+    [DqFlatTile(128, 1, 2), DqFlatTile(80, 2, 1), DqFlatTile(96, 2, 1), DqFlatTile(64, 2, 1)]
+    + [t for _, t in _table_flat_tiles()],
+    ids=str,
+)
+def test_flat_layout_is_a_bijection_and_flat_coords_inverts_it(tile):
+    offsets = set()
+    for d in range(tile.head_dim):
+        for q in range(tile.tile_m):
+            o = tile.offset(d, q)
+            assert 0 <= o < tile.tile_elems
+            assert flat_coords(tile, o) == (d, q)
+            offsets.add(o)
+    assert len(offsets) == tile.tile_elems
+
+
+def test_flat_layout_puts_each_threads_2x2_block_in_one_16_byte_run():
+    # wgmma C fragment (m64nNk16): thread t = 32 w + l holds rows d = 16 w + l // 4 (+ 8) and
+    # columns q = 8 j + 2 (l % 4) (+ 1) of each group's columns; its block j is 4 contiguous
+    # floats at (j * 128 + t) * 4, so a warp's 128-bit stores cover 512 contiguous bytes
+    tile = DqFlatTile(80, 2, 1)
+    for w, lane, j in itertools.product(range(4), range(32), range(tile.chunks)):
+        d, q = 16 * w + lane // 4, 8 * j + 2 * (lane % 4)
+        block = [tile.offset(d + 8 * h, q + e) for h in (0, 1) for e in (0, 1)]
+        assert block == [(j * 128 + 32 * w + lane) * 4 + i for i in range(4)]
+
+
+def test_dq_flat_needs_the_swapped_dq_gemm():
+    with pytest.raises(ValueError, match="dq_swap_ab"):
+        BwdTileConfig(tile_m=64, dq_flat=True)
