@@ -34,6 +34,7 @@ import functools
 import torch
 
 from . import dispatch, reference
+from .arch.common.dq_flat import DqFlatTile
 from .arch.sm90.tile_config import (
     BWD_HEAD_DIMS,
     BwdTileConfig,
@@ -124,8 +125,9 @@ class BwdAuxKey(KernelKey):
     head_dim: int
     head_dim_v: int
     varlen_tile_m: int = 0  # packed: the main kernel's tile_m, which pads each sequence's rows
-    # post: the main kernel's register-order dQ tile (BwdTileConfig.dq_flat: tile_m, parts,
-    # groups; arch/common/dq_flat.DqFlatTile), or () for a (row, dim) accumulator
+    # the main kernel's register-order dQ tile (BwdTileConfig.dq_flat: tile_m, parts, groups;
+    # arch/common/dq_flat.DqFlatTile), or () for a (row, dim) accumulator: the preprocess
+    # clears its whole tiles, the postprocess reads them back
     dq_flat: tuple[int, ...] = ()
 
 
@@ -135,9 +137,11 @@ def build_bwd_aux(key: BwdAuxKey):
 
     engine, opts, tm = not export_only(), _artifact_options(), key.varlen_tile_m
     if key.kind == "pre":
+        flat_dim = DqFlatTile(*key.dq_flat).head_dim if key.dq_flat else 0
         return c.compile_bwd_preprocess(
-            key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm
-        )
+            key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm,
+            dq_flat_dim=flat_dim,
+        )  # fmt: skip
     return c.compile_bwd_postprocess(
         key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat
     )
@@ -148,7 +152,7 @@ def _aux_keys(
     arch: str, dtype: str, d: int, dv: int, varlen_tile_m: int = 0, dq_flat: tuple = ()
 ) -> tuple[BwdAuxKey, BwdAuxKey]:
     return (
-        BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m),
+        BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m, dq_flat),
         BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat),
     )
 
@@ -159,13 +163,13 @@ def _flat_fields(cfg: BwdTileConfig) -> tuple:
 
 
 def _dq_accumulator(cfg: BwdTileConfig, batch: int, rows: int, h: int, d: int, device):
-    """The zeroed-by-the-preprocess fp32 dQ accumulator, as a (batch, rows, heads, d) view:
-    (batch, rows, heads, d) itself, or under dq_flat (batch, heads, rows, dq_head_dim)
+    """The fp32 dQ accumulator (the preprocess clears it), as a (batch, rows, heads, dim)
+    view: itself, or under dq_flat a view of (batch, heads, rows, dQ^T's head-dim rows)
     storage, each (batch, head) pair's rows back to back (rows: whole tiles)."""
     if cfg.dq_flat:
         dq_d = cfg.dq_tile_head_dim(d)
         acc = torch.empty((batch, h, rows, dq_d), dtype=torch.float32, device=device)
-        return acc.permute(0, 2, 1, 3)[..., :d]
+        return acc.permute(0, 2, 1, 3)
     return torch.empty((batch, rows, h, d), dtype=torch.float32, device=device)
 
 
@@ -261,7 +265,7 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
         dsum[:, :, :sq] -= dlse.float()
 
     _launch(
-        q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc[:, :sq], None, sq),
+        q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc, None, sq),
         main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
                None),
         post, (dq_acc, dq, p.softmax_scale, None, sq),

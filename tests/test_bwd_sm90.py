@@ -350,12 +350,12 @@ rows = []
 for dt in ("bfloat16", "float16"):
     for d, tm, flat in ((64, 0, ()), (96, 0, ()), (128, 0, ()), (128, 80, ()), (256, 64, ()),
                         (64, 0, (128, 1, 2)), (96, 0, (96, 2, 1)), (128, 80, (80, 2, 1))):
+        flat_dim = 64 * flat[1] if flat else 0
         for kind, build in (
-            ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm)),
+            ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm,
+                                                   dq_flat_dim=flat_dim)),
             ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm, dq_flat=flat)),
         ):
-            if kind == "pre" and flat:
-                continue
             opts = f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
             sass = _sass(build().__cubin__)
             rows.append({"kind": kind, "dtype": dt, "d": d, "varlen": tm, "sass": bool(sass),
@@ -371,7 +371,7 @@ print(json.dumps(rows))
 def test_compile_bwd_aux_kernels(tmp_path):
     # dense and packed (varlen, rows padded per sequence) forms of both kernels
     rows = run_json_snippet(_AUX_SNIPPET, tmp_path)
-    assert len(rows) == 26
+    assert len(rows) == 32
     for r in rows:
         if not r["sass"]:
             pytest.skip("nvdisasm not installed: cannot read SASS")
@@ -380,7 +380,7 @@ def test_compile_bwd_aux_kernels(tmp_path):
         # (post, bwd_preprocess.lane_vectors). A register-order tile (dq_flat): its 16-byte
         # runs in, each element to its (row, dim) place in smem, rows out in 16-byte stores
         assert r["spills"] == 0, r
-        if r["flat"]:
+        if r["flat"] and r["kind"] == "post":
             tm, parts, _ = r["flat"]
             runs = tm * 64 * parts // (4 * 128)  # 16-byte runs a thread
             assert r["ldg128"] == runs and r["sts16"] == 4 * runs and r["stg128"] >= 1, r

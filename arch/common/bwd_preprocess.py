@@ -19,6 +19,11 @@ buffers in which sequence b starts at seqlen.padded_row_offset and owns its rows
 a tile: the padding rows of each sequence get +inf / 0 like the dense tail. The grid's z is the
 sequence and its x covers max_seqlen_q rounded up to the tile.
 
+Register-order dQ tiles (`dq_flat_dim` > 0, BwdTileConfig.dq_flat): the accumulator's rows
+are dq_flat_dim wide (dQ^T's head-dim rows, 128 at D = 96) and a tile holds its elements in
+the main kernel's order (arch/common/dq_flat.py), so its every row is cleared, padding rows
+and columns included: the tile's real elements sit anywhere in it.
+
 Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
 aligned rows; head_dim and head_dim_v multiples of 8 with head_dim a multiple of
 4 * row_threads(head_dim_v) (so each thread clears as many 16-byte chunks of the dQ row).
@@ -74,13 +79,20 @@ def varlen_rows(
 
 class BwdPreprocess:
     def __init__(
-        self, dtype: type[cutlass.Numeric], head_dim: int, head_dim_v: int, varlen_tile_m: int = 0
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        head_dim_v: int,
+        varlen_tile_m: int = 0,
+        dq_flat_dim: int = 0,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
         # > 0: packed sequences, padded per sequence to this many rows (the backward's tile_m)
         self.varlen_tile_m = varlen_tile_m
+        # > 0: register-order dQ tiles with rows this wide (see the module docstring)
+        self.dq_flat_dim = dq_flat_dim
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -89,9 +101,11 @@ class BwdPreprocess:
         self.threads_per_row = row_threads(self.head_dim_v, 32)
         # 16-byte vectors a thread loads of dO / O (8 elements each) and clears of dQ (4 fp32)
         self.o_vecs = self.head_dim_v // (8 * self.threads_per_row)
-        if self.head_dim % (4 * self.threads_per_row):
+        # the accumulator row a group clears: the head dim, or a register-order tile's row
+        self.dq_row = self.dq_flat_dim or self.head_dim
+        if self.dq_row % (4 * self.threads_per_row):
             raise ValueError("each thread must clear whole 16-byte chunks of the dQ row")
-        self.dq_vecs = self.head_dim // (4 * self.threads_per_row)
+        self.dq_vecs = self.dq_row // (4 * self.threads_per_row)
         self.rows_per_cta = NUM_THREADS // self.threads_per_row
 
     @cute.jit
@@ -102,7 +116,7 @@ class BwdPreprocess:
         mLSE: cute.Tensor,  # (b, h, s_q) fp32, natural log
         mLSE2: cute.Tensor,  # (b, h, s_q padded) fp32, out
         mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, out
-        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed)
+        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed); dq_flat_dim: (b, s_pad, h, that)
         mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
         max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
         stream: cuda.CUstream,
@@ -149,10 +163,16 @@ class BwdPreprocess:
             cute.autovec_copy(lane_vectors(mdO[b, start + row, head, None], lane, 8, tpr, nv), r_do)
             prod = r_o.load().to(Float32) * r_do.load().to(Float32)
             dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+        # the accumulator row: the query rows', or (register-order tiles) every padded row's
+        zero_rows = seqlen
+        if cutlass.const_expr(self.dq_flat_dim > 0):
+            zero_rows = rows
+        if row < zero_rows:
             zeros = cute.make_rmem_tensor((4, self.dq_vecs), Float32)
             zeros.fill(0.0)
-            g_dq = lane_vectors(mdQacc[b, pad + row, head, None], lane, 4, tpr, self.dq_vecs)
-            cute.autovec_copy(zeros, g_dq)
+            acc_row = mdQacc[b, pad + row, head, None]
+            tpr = self.threads_per_row
+            cute.autovec_copy(zeros, lane_vectors(acc_row, lane, 4, tpr, self.dq_vecs))
         # every lane of the group takes part in the shuffles, padding rows included
         dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
         if lane == 0 and row < rows:

@@ -150,9 +150,11 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     b, sq, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int()
     q, k, v, sk = _fake_qkv(spec, b, sq)
     do = _fake_bshd(dtype, h, dv, b, sq)
-    # packed, or dq_flat (whole tiles): the accumulator has padded rows (sq_pad), not q's
+    # packed, or dq_flat (whole tiles, rows of dQ^T's head dims): the accumulator has padded
+    # rows (sq_pad), not q's
     padded = spec.varlen or spec.config.dq_flat
-    dq_acc = _fake_bshd(cutlass.Float32, h, d, b, sq_pad if padded else sq)
+    dq_d = spec.config.dq_tile_head_dim(d) if spec.config.dq_flat else d
+    dq_acc = _fake_bshd(cutlass.Float32, h, dq_d, b, sq_pad if padded else sq)
     h_dkv = spec.num_heads_kv if spec.group_heads else h
     dk = _fake_bshd(dtype, h_dkv, d, b, sk)
     dvt = _fake_bshd(dtype, h_dkv, dv, b, sk)
@@ -177,20 +179,24 @@ def compile_bwd_preprocess(
     options: str = "",
     jit_engine: bool = True,
     varlen_tile_m: int = 0,
+    dq_flat_dim: int = 0,
 ):
     """TVM-FFI function (out, dout, lse, lse_log2, dsum, dq_accum, cu_seqlens_q,
     max_seqlen_q); see BwdPreprocess (varlen_tile_m > 0: packed, cu_seqlens_q an int32
-    vector; else None)."""
+    vector; else None; dq_flat_dim > 0: register-order dQ tiles, the accumulator's rows that
+    wide and padded like lse_log2's)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     o = _fake_bshd(dtype, h, head_dim_v, b, sq)
     do = _fake_bshd(dtype, h, head_dim_v, b, sq)
-    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq_pad if varlen_tile_m else sq)
+    padded = varlen_tile_m or dq_flat_dim
+    dq_acc = _fake_bshd(cutlass.Float32, h, dq_flat_dim or head_dim, b, sq_pad if padded else sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m), o, do, _fake_rows(b, h, sq),
-        _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu, cutlass.Int32(1),
+        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim), o, do,
+        _fake_rows(b, h, sq), _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu,
+        cutlass.Int32(1),
         stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
@@ -210,7 +216,8 @@ def compile_bwd_postprocess(
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     flat = DqFlatTile(*dq_flat) if dq_flat else None
     padded = varlen_tile_m or flat is not None
-    dq_acc = _fake_bshd(cutlass.Float32, h, head_dim, b, sq_pad if padded else sq)
+    acc_dim = head_dim if flat is None else flat.head_dim
+    dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, sq_pad if padded else sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
