@@ -205,8 +205,8 @@ def test_bwd_split_mask_loops_every_segment(monkeypatch, d, sq, sk, kw):
 
     table = host.bwd_key
 
-    def forced(p, arch=host.ARCH, group_heads=False):
-        key = table(p, arch, group_heads)
+    def forced(p, arch=host.ARCH, group_heads=False, short=False):
+        key = table(p, arch, group_heads, short)
         cfg = dataclasses.replace(BwdTileConfig(*key.tile), split_mask_loops=True)
         return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
 

@@ -354,7 +354,14 @@ def test_bwd_dq_staging_where_measured():
                     # tune_bwd_grp_d96_h200.json); D=128 group_heads 64 (80 spills)
                     rows = 96 if d == 96 else (64 if group else 80)
                     assert (cfg.tile_m, cfg.dq_swap_ab, cfg.dq_swizzle) == (rows, True, 128), cfg
+                    # register-order dQ^T staging on the 80 / 96-row tiles (D=128 16k +2.1%,
+                    # D=96 16k +5.4%; tune_bwd_dq_flat_h200.json), not on 64 rows
+                    assert cfg.dq_flat == (rows > 64), cfg
+                if softcap:
+                    assert not cfg.dq_flat, cfg
             cfg = bwd_tile_config(64, 64, causal, local, softcap, det, group)
+            # D=64: dq_flat measured even (tune_bwd_dq_flat_h200.json), off
+            assert not cfg.dq_flat, cfg
             if softcap:
                 assert (cfg.tile_m, cfg.dq_swap_ab) == (64, False), cfg
                 assert cfg.dq_swizzle == (128 if det else 32), cfg
@@ -562,7 +569,9 @@ def test_bwd_short_rows_rule_and_tiles():
         base = bwd_tile_config(d, d, True, False)
         short = bwd_tile_config(d, d, True, False, short=True)
         assert (base.tile_m, short.tile_m) == (long_rows, 64)
-        assert short == dataclasses.replace(base, tile_m=64)  # the same kernel on fewer rows
+        # the same kernel on fewer rows, with the swizzled dQ staging (dq_flat lost at 64 rows)
+        assert base.dq_flat and not short.dq_flat
+        assert short == dataclasses.replace(base, tile_m=64, dq_flat=False)
         # softcap's tile has 64 rows already: the bucket changes nothing there
         sc = bwd_tile_config(d, d, True, False, softcap=True)
         assert bwd_tile_config(d, d, True, False, softcap=True, short=True) == sc

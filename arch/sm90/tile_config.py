@@ -863,12 +863,15 @@ def _bwd_tiles(
         # 470, 4k causal 421 / 432, 1k 383 / 395, 1k causal 278 / 290; deterministic
         # (tune_bwd_d64_swap_det_h200.json) 16k causal 463 / 495, 4k 411 / 431. Same
         # gradients (err columns).
+        # dq_flat (register-order staging, 8 STS.128 instead of 32 STS a tile) buys nothing
+        # here: round-robin, TFLOP/s, off / on (tune_bwd_dq_flat_h200.json): 4k 487.0 /
+        # 486.0, 4k causal 448.2 / 447.9, 16k 508.1 / 507.0, 16k causal 507.6 / 507.8, 1k
+        # 396.5 / 395.4, 1k causal 294.4 / 293.0. Off.
         return BwdTileConfig(
             tile_m=128,
             split_mask_loops=causal and not local,
             dq_swizzle=128,
             dq_swap_ab=True,
-            dq_flat=True,
         )
     if head_dim == 96:
         # The D = 128 dQ^T tile (every mask and order but softcap) with S^T, dP^T, dV and dK
@@ -893,7 +896,11 @@ def _bwd_tiles(
         # removed.
         tile = _bwd_d128_tile(softcap, group_heads, dq_swizzle, short)
         if tile.dq_swap_ab:
-            return dataclasses.replace(tile, tile_m=64 if short else 96, dq_head_dim=128)
+            # dq_flat with the 96 rows as on D = 128's 80 (_bwd_d128_tile's measurement);
+            # under group_heads (96 rows here, 64 at D = 128) taken without a measurement of
+            # its own
+            rows = 64 if short else 96
+            return dataclasses.replace(tile, tile_m=rows, dq_head_dim=128, dq_flat=rows > 64)
         return dataclasses.replace(tile, padded_head_dim=128)
     if head_dim == 192:
         # S = Q K^T with the warpgroups splitting 96 keys (sdp_swap_ab=False): dK^T / dV^T
@@ -992,7 +999,16 @@ def _bwd_d128_tile(
     (231,936 B of 232,448) and 240 registers without spills.
 
     Under softcap (its tanh derivative) and group_heads (the head loop) the 80-row tile
-    spills (26 and 7-10 spill instructions in bf16); the 64-row dQ^T does not. With
+    spills (26 and 7-10 spill instructions in bf16); the 64-row dQ^T does not.
+
+    The 80- and 96-row tiles stage dQ^T in register order (dq_flat): 10 / 12 STS.128 a
+    thread and tile instead of 40 / 48 STS. Round-robin, TFLOP/s, off / on, same gradients
+    (tune_bwd_dq_flat_h200.json, tune_bwd_dq_flat_1k_h200.json): D=128 16k 588.9 / 601.1,
+    16k causal 590.9 / 599.1, 4k 568.8 / 565.2, 4k causal 515.6 / 513.9, 1k 449.5 / 452.8
+    and 490.2 / 490.5; D=96 16k 521.8 / 549.8, 16k causal 503.7 / 520.9, 4k 495.0 / 511.8
+    and 503.8 / 517.9, 4k causal 442.5 / 445.3, 1k 418.2 / 405.5 (-3%, kept: the key has no
+    length bucket for unmasked calls). The 64-row tiles (short causal, group_heads) keep the
+    swizzled staging: D=128 1k causal 329.2 / 328.1, D=96 1k causal 287.5 / 271.7. With
     group_heads it beats the 64-row dQ = dS K tile (tune_bwd_grp_d128_h200.json,
     round-robin, TFLOP/s, dQ / dQ^T): MQA 32/1 4 x 4k causal 277 / 311, GQA 32/8 4 x 4k
     causal 521 / 524, 16k causal 572 / 568. Under softcap it was within 1.6% either way
@@ -1003,5 +1019,5 @@ def _bwd_d128_tile(
         return _bwd_64_rows(dq_swizzle)
     return BwdTileConfig(
         tile_m=64 if group_heads or short else 80, dq_swap_ab=True, dq_swizzle=128,
-        dq_half_staging=True, dq_stages=2, dq_flat=True,
+        dq_half_staging=True, dq_stages=2, dq_flat=not (group_heads or short),
     )  # fmt: skip
