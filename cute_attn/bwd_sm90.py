@@ -163,9 +163,10 @@ def _flat_fields(cfg: BwdTileConfig) -> tuple:
 
 
 def _dq_accumulator(cfg: BwdTileConfig, batch: int, rows: int, h: int, d: int, device):
-    """The fp32 dQ accumulator (the preprocess clears it), as a (batch, rows, heads, dim)
-    view: itself, or under dq_flat a view of (batch, heads, rows, dQ^T's head-dim rows)
-    storage, each (batch, head) pair's rows back to back (rows: whole tiles)."""
+    """The fp32 dQ accumulator (the preprocess clears it), (batch, rows, heads, d); under
+    dq_flat a (batch, rows, heads, dQ^T's head-dim rows) view of (batch, heads, rows, that)
+    storage, each (batch, head) pair's rows back to back (rows: whole tiles; at D = 96 the
+    rows are 128 floats wide, a third more memory than the tensor's own)."""
     if cfg.dq_flat:
         dq_d = cfg.dq_tile_head_dim(d)
         acc = torch.empty((batch, h, rows, dq_d), dtype=torch.float32, device=device)
@@ -247,7 +248,7 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
     lse_log2, dsum = torch.empty((b, h, sq_pad), **f32), torch.empty((b, h, sq_pad), **f32)
-    # dq_flat adds whole tiles: rows padded like lse_log2's, of which the preprocess clears q's
+    # dq_flat adds whole tiles: rows padded like lse_log2's, all cleared by the preprocess
     dq_acc = _dq_accumulator(cfg, b, sq_pad if cfg.dq_flat else sq, h, d, q.device)
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head

@@ -196,8 +196,7 @@ def compile_bwd_preprocess(
     return _compile(
         BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim), o, do,
         _fake_rows(b, h, sq), _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu,
-        cutlass.Int32(1),
-        stream, options=options, jit_engine=jit_engine,
+        cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 

@@ -23,10 +23,11 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
         dQ^T = K^T dS^T                                 (wgmma SS: 64 head dims a warpgroup,
                                                          the query rows as N, any multiple of 16)
     staged in each warpgroup's half buffer; at D = 64 the warpgroups split dQ^T's query
-    columns instead and stage the whole tile. The table stages dQ^T in register order
-    (BwdTileConfig.dq_flat, arch/common/dq_flat.py: 128-bit stores, one contiguous reduce-add
-    into a (batch, head, row, dim) accumulator whose tiles the postprocess puts back in order);
-    without it through the transpose of a swizzled (row, dim) buffer (32-bit stores);
+    columns instead and stage the whole tile. The table's 80- and 96-row tiles stage dQ^T in
+    register order (BwdTileConfig.dq_flat, arch/common/dq_flat.py: 128-bit stores, one
+    contiguous reduce-add a part into a (batch, head, row, dim) accumulator whose tiles the
+    postprocess puts back in order); the others through the transpose of a swizzled (row,
+    dim) buffer (32-bit stores);
     masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
     tile can see are never visited;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
@@ -259,7 +260,10 @@ class FlashBwdSm90:
         mdO: cute.Tensor,  # (b, s_q, h, dv)
         mLSE: cute.Tensor,  # (b, h, s_q padded) fp32, log2 domain, +inf on empty rows
         mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, rowsum(dO * O) - dlse
-        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, zeroed; receives dS K (unscaled)
+        # (b, s_q, h, d) fp32, zeroed; receives dS K (unscaled). dq_flat: (b, rows padded to
+        # tiles, h, dQ^T's head dim), a view of (b, h, rows, that) storage, each tile in
+        # register order
+        mdQacc: cute.Tensor,
         mdK: cute.Tensor,  # (b, s_k, h, d): per query head (group_heads: (b, s_k, h_kv, d))
         mdV: cute.Tensor,  # (b, s_k, h, dv): per query head (group_heads: (b, s_k, h_kv, dv))
         mSem: cute.Tensor,  # (b, h, query tiles) int32, zeroed; read only when deterministic

@@ -868,10 +868,7 @@ def _bwd_tiles(
         # 486.0, 4k causal 448.2 / 447.9, 16k 508.1 / 507.0, 16k causal 507.6 / 507.8, 1k
         # 396.5 / 395.4, 1k causal 294.4 / 293.0. Off.
         return BwdTileConfig(
-            tile_m=128,
-            split_mask_loops=causal and not local,
-            dq_swizzle=128,
-            dq_swap_ab=True,
+            tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True
         )
     if head_dim == 96:
         # The D = 128 dQ^T tile (every mask and order but softcap) with S^T, dP^T, dV and dK
