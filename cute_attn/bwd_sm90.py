@@ -157,7 +157,9 @@ def _aux_keys(
     )
 
 
+@functools.lru_cache(maxsize=64)
 def _flat_fields(cfg: BwdTileConfig) -> tuple:
+    """The aux keys' dq_flat fields of a tile config (once per config, not per call)."""
     flat = cfg.dq_flat_tile()
     return () if flat is None else dataclasses.astuple(flat)
 
