@@ -174,14 +174,23 @@ class TileMask(DslStruct):
         identity tensor over the tile, in the accumulator's layout: (tile_m, tile_n) for S,
         or (tile_n, tile_m) for the transposed S^T the backward computes (`transposed`:
         rows are keys, columns queries). Per accumulator row the visible columns form one
-        interval [lo, hi), so each element costs two compares and a select."""
+        interval [lo, hi), so each element costs two compares and a select.
+
+        An element's column is the thread's first column plus a static offset (the
+        partition's layout evaluated at trace time): one add an element, where reading each
+        element's coordinate from `coords` traced about 17 IR ops (a fifth of a causal
+        forward's IR, which ptxas turned into the same SASS)."""
         s = acc_as_rows_cols(acc_s)
         c = acc_as_rows_cols(coords)
+        col_first = c[0, 0][1]  # the thread's column of element (0, 0), dynamic
+        # each column's offset from it, static (a row's elements share the columns of row 0)
+        cols = range(cute.size(s, mode=[1]))
+        col_offs = [c.layout((0, j))[1] - c.layout((0, 0))[1] for j in cols]
         offset = self.seqlen_k - self.seqlen_q
         col0 = m_block * self.tile_m if cutlass.const_expr(transposed) else n_block * self.tile_n
         row0 = n_block * self.tile_n if cutlass.const_expr(transposed) else m_block * self.tile_m
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            row = row0 + c[r, 0][0]
+            row = row0 + c[r, 0][0]  # a few rows a thread: read as is
             if cutlass.const_expr(transposed):
                 # key row j sees queries i in [j - offset - right, j - offset + left]
                 lo = Int32(0) - col0
@@ -201,7 +210,7 @@ class TileMask(DslStruct):
                 if cutlass.const_expr(self.has_left):
                     lo = row + offset - self.window_left - col0
             for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                col = c[0, j][1]
+                col = col_first + col_offs[j]
                 # a select, not a conditional store: a store under `if` into a register
                 # array made the compiler emit a select chain quadratic in the row length
                 outside = (col >= hi) | (col < lo)

@@ -109,8 +109,9 @@ class OnlineSoftmax(DslStruct):
         for r in cutlass.range_constexpr(self.num_rows):
             tile_max = tile_maxes[r] if maxes_first else self._tile_max(s, r)
             self._new_max(r, tile_max, row_scale, m_scaled, is_first)
+            m_row = m_scaled[r]
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                self._exp(s, r, c, m_scaled)
+                self._exp(s, r, c, m_row)
             self._add_row_sum(s, r, row_scale, is_first)
         return row_scale
 
@@ -130,8 +131,9 @@ class OnlineSoftmax(DslStruct):
         for r in cutlass.range_constexpr(max_rows):
             self._new_max(r, tile_maxes[r], row_scale, m_scaled, False)
             self._tie_to_scale(r, row_scale, m_scaled)
+        m_rows = [m_scaled[r] for r in range(max_rows)]
         for i in cutlass.range_constexpr(k):
-            self._exp(s, i // cols, i % cols, m_scaled)
+            self._exp(s, i // cols, i % cols, m_rows[i // cols])
             if cutlass.const_expr(i % cols == cols - 1):
                 self._add_row_sum(s, i // cols, row_scale, False)
         return row_scale, m_scaled
@@ -163,13 +165,14 @@ class OnlineSoftmax(DslStruct):
             # head finished)
             due = _spread(ocols, cols - c0)
             done = 0
+            m_row, scale_row = m_scaled[r], row_scale[r]
             for c in cutlass.range_constexpr(c0, cols):
-                self._exp(s, r, c, m_scaled)
+                self._exp(s, r, c, m_row)
                 for j in cutlass.range_constexpr(done, due[c - c0]):
-                    o[r, j] = o[r, j] * row_scale[r]
+                    o[r, j] = o[r, j] * scale_row
                 done = due[c - c0]
             for j in cutlass.range_constexpr(done, ocols):
-                o[r, j] = o[r, j] * row_scale[r]
+                o[r, j] = o[r, j] * scale_row
             if cutlass.const_expr(c0 < cols):
                 self._add_row_sum(s, r, row_scale, False)
 
@@ -219,9 +222,11 @@ class OnlineSoftmax(DslStruct):
         s: cute.Tensor,
         r: cutlass.Constexpr[int],
         c: cutlass.Constexpr[int],
-        m_scaled: cute.Tensor,
+        m_row: Float32,
     ):
-        x = s[r, c] * self.scale_log2 - m_scaled[r]
+        """p = exp2(s * scale_log2 - m) in place; m_row is the row's m_scaled entry (read once
+        per row by the callers: an element's own read added two IR ops per exponential)."""
+        x = s[r, c] * self.scale_log2 - m_row
         if cutlass.const_expr(self.exp2_emu_every > 0 and c % self.exp2_emu_every == 0):
             s[r, c] = exp2_fma(x)  # balance the SFU and FMA pipes
         else:
@@ -264,8 +269,9 @@ class OnlineSoftmax(DslStruct):
     def rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor):
         o = acc_as_rows_cols(acc_o)
         for r in cutlass.range_constexpr(self.num_rows):
+            scale_row = row_scale[r]
             for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-                o[r, c] = o[r, c] * row_scale[r]
+                o[r, c] = o[r, c] * scale_row
 
     @cute.jit
     def finalize(self, acc_o: cute.Tensor) -> cute.Tensor:
