@@ -24,11 +24,27 @@ def _table_flat_tiles():
 def test_table_flat_tiles_are_the_swapped_dq_tiles():
     tiles = _table_flat_tiles()
     assert tiles, "the table uses no flat dQ tile"
+    assert {d for d, _ in tiles} == {64, 96, 128}, tiles
     for d, tile in tiles:
+        if d == 64:
+            # D=64's 128-row tile: one 64-row part whose query columns the two warpgroups
+            # split, each half handed over on its own (BwdTileConfig.dq_wg_handoff)
+            assert (tile.tile_m, tile.parts, tile.groups, tile.head_dim) == (128, 1, 2, 64)
+            continue
         # a 64-row part per warpgroup (D=96 over 128 head-dim rows, D=128) on the 80 / 96-row
-        # tiles (D=64's 128-row tile measured even with it: off)
-        assert d in (96, 128) and tile.tile_m == (96 if d == 96 else 80), (d, tile)
+        # tiles
+        assert tile.tile_m == (96 if d == 96 else 80), (d, tile)
         assert (tile.parts, tile.groups, tile.head_dim) == (2, 1, 128), (d, tile)
+
+
+def test_each_warpgroups_half_of_a_split_tile_is_one_contiguous_run():
+    # dq_wg_handoff: the writer adds warpgroup g's query columns as the g-th half of the
+    # flat tile, so every element of those columns must lie in that half
+    tile = DqFlatTile(128, 1, 2)
+    half = tile.tile_elems // 2
+    for d in range(tile.head_dim):
+        for q in range(tile.tile_m):
+            assert tile.offset(d, q) // half == q // (tile.tile_m // 2), (d, q)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +78,13 @@ def test_flat_layout_puts_each_threads_2x2_block_in_one_16_byte_run():
 def test_dq_flat_needs_the_swapped_dq_gemm():
     with pytest.raises(ValueError, match="dq_swap_ab"):
         BwdTileConfig(tile_m=64, dq_flat=True)
+
+
+def test_dq_wg_handoff_needs_a_flat_tile_split_by_query_columns():
+    with pytest.raises(ValueError, match="dq_wg_handoff"):
+        BwdTileConfig(tile_m=128, dq_swap_ab=True, dq_swizzle=128, dq_wg_handoff=True)
+    with pytest.raises(ValueError, match="dq_wg_handoff"):
+        BwdTileConfig(
+            tile_m=80, dq_swap_ab=True, dq_half_staging=True, dq_stages=2, dq_flat=True,
+            dq_wg_handoff=True,
+        )  # fmt: skip

@@ -227,6 +227,9 @@ class FlashBwdSm90:
         # or each warpgroup's head-dim half, in turn in one buffer or each in its own
         self.dq_halves = cfg.dq_half_staging
         self.dq_wg_bufs = cfg.dq_half_staging and cfg.dq_stages == 2
+        # each warpgroup hands its query columns of the flat tile over on its own barriers
+        # (BwdTileConfig.dq_wg_handoff): the writer adds one run per warpgroup
+        self.dq_wg_handoff = cfg.dq_wg_handoff
         # dQ's wgmma takes 64 rows per warpgroup: split its rows (tile_m = 64 per warpgroup)
         # or its head dim (tile_m = 64)
         self.dq_split_rows = cfg.tile_m == 64 * cfg.num_mma_warpgroups and not cfg.dq_swap_ab
@@ -381,9 +384,12 @@ class FlashBwdSm90:
             # register order (dq_flat): each buffer holds one part, seen by TMA as rows of 32
             # floats; the accumulator's (row, dim) block of one (head, batch) pair is such
             # rows too (dim contiguous, rows dq_d apart: the host allocates it so)
-            part_rows = self.flat.part_elems // 32
+            # with dq_wg_handoff a part's warpgroup halves are the writer's units (buffers)
+            subs = nwg if cutlass.const_expr(self.dq_wg_handoff) else 1
+            part_rows = self.flat.part_elems // 32 // subs
             sdQ_layout = cute.make_layout(
-                (32, part_rows, self.config.dq_stages), stride=(1, 32, self.flat.part_elems)
+                (32, part_rows, self.config.dq_stages * subs),
+                stride=(1, 32, self.flat.part_elems // subs),
             )
             flat_shape = (32, mdQacc.shape[0] * (dq_d // 32), *mdQacc.shape[2:])
             mdQ_reduce = cute.make_tensor(
@@ -740,11 +746,13 @@ class FlashBwdSm90:
         lane = cute.arch.lane_idx()
         # (query tile, head-dim part) tiles: one part, or one per warpgroup (dq_half_staging)
         parts, threads = 1, roles.dq_sync_threads
-        if cutlass.const_expr(self.dq_halves):
+        if cutlass.const_expr(self.dq_halves or self.dq_wg_handoff):
             parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
+        # a buffer per warpgroup: its own, or (dq_wg_handoff) its half of the one buffer
+        own_bufs = self.dq_wg_bufs or self.dq_wg_handoff
         step = roles.bar_dq_wg_step
         # every buffer starts empty (one shared half buffer: for the first warpgroup)
-        for buf in cutlass.range_constexpr(self.config.dq_stages):
+        for buf in cutlass.range_constexpr(parts if own_bufs else self.config.dq_stages):
             cute.arch.barrier_arrive(
                 barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
             )
@@ -757,7 +765,7 @@ class FlashBwdSm90:
                 # row_off, a multiple of tile_m)
                 gdQ = cute.local_tile(
                     mdQacc[None, None, head_q, seq.q_batch],
-                    (32, self.flat.part_elems // 32),
+                    (32, self.flat.part_elems // 32 // (parts if self.dq_wg_handoff else 1)),
                     (0, None),
                 )
                 tile0 = row_off // self.tile_m
@@ -772,7 +780,7 @@ class FlashBwdSm90:
                 for part in cutlass.range_constexpr(parts):
                     # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
                     # buffer or the shared one
-                    buf = part if cutlass.const_expr(self.dq_wg_bufs) else 0
+                    buf = part if cutlass.const_expr(own_bufs) else 0
                     cute.arch.barrier(
                         barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
                     )
@@ -786,7 +794,7 @@ class FlashBwdSm90:
                     )  # fmt: skip
                     # the warpgroup's own buffer is free again; a shared half buffer goes to the
                     # next part's warpgroup (the first one's next tile)
-                    free = part if cutlass.const_expr(self.dq_wg_bufs) else (part + 1) % parts
+                    free = part if cutlass.const_expr(own_bufs) else (part + 1) % parts
                     cute.arch.barrier_arrive(
                         barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
                     )
@@ -922,7 +930,7 @@ class FlashBwdSm90:
         bar_dq_full, bar_dq_empty = roles.bar_dq_full, roles.bar_dq_empty
         dq_threads = roles.dq_sync_threads
         dq_buf = 0  # this warpgroup's staging buffer
-        if cutlass.const_expr(self.dq_halves):
+        if cutlass.const_expr(self.dq_halves or self.dq_wg_handoff):
             bar_dq_full = roles.bar_dq_full + roles.bar_dq_wg_step * wg
             bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_wg_step * wg
             if cutlass.const_expr(self.dq_wg_bufs):

@@ -607,10 +607,17 @@ class BwdTileConfig:
     # elements back in (row, dim) order. Without it: 32-bit stores into a swizzled (row, dim)
     # tile (dq_swizzle)
     dq_flat: bool = False
+    # dq_flat whose warpgroups split the query columns (no dq_half_staging, D = 64): each
+    # warpgroup's columns are a contiguous half of the flat tile, which it hands to the writer
+    # on barriers of its own and the writer adds as a run of its own, so neither warpgroup
+    # waits for the other's staging or for the add of the other's half
+    dq_wg_handoff: bool = False
 
     def __post_init__(self):
         if self.dq_flat and not self.dq_swap_ab:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
+        if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
+            raise ValueError("dq_wg_handoff hands over query-column halves: dq_flat without halves")
         if self.dq_stages not in (1, 2):
             raise ValueError(f"dq_stages {self.dq_stages} must be 1 or 2")
         if self.dq_stages == 2 and not self.dq_half_staging:
@@ -863,13 +870,25 @@ def _bwd_tiles(
         # 470, 4k causal 421 / 432, 1k 383 / 395, 1k causal 278 / 290; deterministic
         # (tune_bwd_d64_swap_det_h200.json) 16k causal 463 / 495, 4k 411 / 431. Same
         # gradients (err columns).
-        # dq_flat (register-order staging, 8 STS.128 instead of 32 STS a tile) buys nothing
-        # here: round-robin, TFLOP/s, off / on (tune_bwd_dq_flat_h200.json): 4k 487.0 /
-        # 486.0, 4k causal 448.2 / 447.9, 16k 508.1 / 507.0, 16k causal 507.6 / 507.8, 1k
-        # 396.5 / 395.4, 1k causal 294.4 / 293.0. Off.
+        # dq_flat (register-order staging, 8 STS.128 instead of 32 STS a tile) alone buys
+        # nothing here: round-robin, TFLOP/s, off / on (tune_bwd_dq_flat_h200.json): 4k 487.0
+        # / 486.0, 4k causal 448.2 / 447.9, 16k 508.1 / 507.0, 16k causal 507.6 / 507.8, 1k
+        # 396.5 / 395.4, 1k causal 294.4 / 293.0. What it enables does: each warpgroup's
+        # query columns are a contiguous half of the flat tile, handed to the writer on its
+        # own barriers (dq_wg_handoff), so a warpgroup no longer waits for the other's
+        # staging and the add of both halves before it stages its next tile. Round-robin,
+        # TFLOP/s, off / dq_flat / dq_flat with the handoff (tune_bwd_d64_handoff_h200.json):
+        # 4k 483.0 / 483.4 / 513.4, 4k causal 434.4 / 433.8 / 466.7, 16k 499.9 / 505.4 /
+        # 539.2, 16k causal 497.5 / 503.4 / 545.7, 1k 348.4 / 347.6 / 365.4, 1k causal 285.8 /
+        # 284.5 / 295.6; deterministic, off / handoff (tune_bwd_d64_handoff_det_h200.json): 4k
+        # causal 446.7 / 461.6, 16k 499.0 / 538.4, 1k 319.1 / 337.3; packed sequences
+        # (tune_bwd_d64_handoff_varlen_h200.json): 4k causal 455.6 / 476.2, 4k 481.2 / 519.6.
+        # Same gradients (err columns). Windows and group_heads take it unmeasured (the same
+        # dQ^T tile and writer).
         return BwdTileConfig(
-            tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True
-        )
+            tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True,
+            dq_flat=True, dq_wg_handoff=True,
+        )  # fmt: skip
     if head_dim == 96:
         # The D = 128 dQ^T tile (every mask and order but softcap) with S^T, dP^T, dV and dK
         # over the 96 columns themselves; only K's smem tile, dQ^T's A operand (M = 2 x 64),
