@@ -744,7 +744,8 @@ class FlashBwdSm90:
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
-        # (query tile, head-dim part) tiles: one part, or one per warpgroup (dq_half_staging)
+        # (query tile, part) tiles: one part, or one per warpgroup (its head-dim half under
+        # dq_half_staging, its query-column half of the flat tile under dq_wg_handoff)
         parts, threads = 1, roles.dq_sync_threads
         if cutlass.const_expr(self.dq_halves or self.dq_wg_handoff):
             parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
