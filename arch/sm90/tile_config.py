@@ -883,8 +883,10 @@ def _bwd_tiles(
         # 284.5 / 295.6; deterministic, off / handoff (tune_bwd_d64_handoff_det_h200.json): 4k
         # causal 446.7 / 461.6, 16k 499.0 / 538.4, 1k 319.1 / 337.3; packed sequences
         # (tune_bwd_d64_handoff_varlen_h200.json): 4k causal 455.6 / 476.2, 4k 481.2 / 519.6.
-        # Same gradients (err columns). Windows and group_heads take it unmeasured (the same
-        # dQ^T tile and writer).
+        # Same gradients (err columns). Windows and group_heads, table / neither
+        # (tune_bwd_d64_handoff_window_h200.json, tune_bwd_d64_handoff_group_h200.json):
+        # window (1024, 0) 4k 367.1 / 346.1, 16k 378.5 / 354.3; GQA 32/8 4 x 4k with
+        # group_heads 529.5 / 490.3.
         return BwdTileConfig(
             tile_m=128, split_mask_loops=causal and not local, dq_swizzle=128, dq_swap_ab=True,
             dq_flat=True, dq_wg_handoff=True,
