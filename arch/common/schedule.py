@@ -10,7 +10,11 @@ CTAs of a section start together instead of the last pairs' starting near the gr
 and the section's pairs stay in L2 while they run. Sections of one pair give the plain
 order (pair after pair, each pair's blocks by rank).
 
-Device-only helpers, traced inside a kernel; no constraint on the grid beyond 32-bit sizes.
+`L2Sections.create` runs in the host part of a `@cute.jit` entry (it sizes the sections
+and builds the divisors' magic numbers once a launch); `l2_section_coords` runs in the
+kernel, before the CTA's first load, where it costs a few integer instructions (two
+multiply-high divisions and one by the static head count) instead of the division chains
+of computing everything from the grid. No constraint on the grid beyond 32-bit sizes.
 """
 
 from __future__ import annotations
@@ -19,46 +23,72 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from .dsl import DslStruct
+
+
+class L2Sections(DslStruct):
+    """One launch's section sizes: 2^log_width pairs a full section, `full_pairs` pairs in
+    the full sections, whose `full_ctas` CTAs come first; `blocks` divides by the grid's
+    block count, `rest` by the pair count of the last, partial section (1 when there is
+    none: that branch is then never taken)."""
+
+    _dynamic_ = ("log_width", "full_pairs", "full_ctas", "blocks", "rest")
+
+    def __init__(self, log_width, full_pairs, full_ctas, blocks, rest):
+        self.log_width = log_width
+        self.full_pairs = full_pairs
+        self.full_ctas = full_ctas
+        self.blocks = blocks
+        self.rest = rest
+
+    @staticmethod
+    def create(
+        num_blocks: Int32,
+        num_pairs: Int32,
+        rows: Int32,
+        row_bytes: int,
+        budget_bytes: int,
+        max_pairs: int = 1024,
+    ) -> L2Sections:
+        """Host side. One (head, batch) pair's working set is rows x row_bytes; sections hold
+        the largest power of two of pairs (at most max_pairs, a compile-time power of two <=
+        1024) whose bytes fit budget_bytes, at least one."""
+        if max_pairs < 1 or max_pairs > 1024 or max_pairs & (max_pairs - 1):
+            raise ValueError(f"max_pairs {max_pairs} must be a power of two in [1, 1024]")
+        pair_bytes = Int64(rows) * row_bytes
+        log_width = Int32(0)
+        for i in range(1, max_pairs.bit_length()):
+            log_width = cutlass.select_(pair_bytes * (1 << i) <= budget_bytes, Int32(i), log_width)
+        full_pairs = (num_pairs >> log_width) << log_width
+        rest = cutlass.max(num_pairs - full_pairs, 1)
+        return L2Sections(
+            log_width,
+            full_pairs,
+            full_pairs * num_blocks,
+            cute.fast_divmod_create_divisor_v2(num_blocks),
+            cute.fast_divmod_create_divisor_v2(rest),
+        )
+
 
 @cute.jit
-def l2_section_coords(
-    rows: Int32, row_bytes: int, budget_bytes: int, reverse: bool, max_pairs: int = 1024
-):
-    """(block, head, batch) of this CTA. One (head, batch) pair's working set is rows x
-    row_bytes; sections hold the largest power of two of pairs (at most max_pairs, a
-    compile-time power of two <= 1024) whose bytes fit budget_bytes, at least one. The grid
-    is (blocks, heads, batches); the block of rank r is r, or blocks - 1 - r with `reverse`
-    (compile-time)."""
-    if cutlass.const_expr(max_pairs < 1 or max_pairs > 1024 or max_pairs & (max_pairs - 1)):
-        raise ValueError(f"max_pairs {max_pairs} must be a power of two in [1, 1024]")
+def l2_section_coords(sections: L2Sections, num_heads: cutlass.Constexpr[int], reverse: bool):
+    """(block, head, batch) of this CTA on a (blocks, num_heads, batches) grid; the block of
+    rank r is r, or blocks - 1 - r with `reverse` (compile-time)."""
     bx, by, bz = cute.arch.block_idx()
-    num_blocks, num_h, num_b = cute.arch.grid_dim()
-    linear = bx + num_blocks * (by + num_h * bz)
-    # log2 of the section width: the largest i with 2^i pairs inside the budget. Compares of
-    # constant multiples, no 64-bit division: this runs before the CTA's first load, and the
-    # division form (a u64 divide and four 32-bit ones) cost the short CTAs of 1k causal
-    # forwards about 2-3% (docs/perf/README.md, fifteenth session).
-    pair_bytes = Int64(rows) * row_bytes
-    lw = Int32(0)
-    for i in cutlass.range_constexpr(1, max_pairs.bit_length()):
-        lw = cutlass.select_(pair_bytes * (1 << i) <= budget_bytes, Int32(i), lw)
-    num_hb = num_h * num_b
-    full = num_hb >> lw  # full sections; the last one holds the remainder
-    in_full = (full << lw) * num_blocks  # CTAs of the full sections
+    num_blocks = sections.blocks.divisor
+    linear = bx + num_blocks * (by + num_heads * bz)
+    lw = sections.log_width
     rank = Int32(0)
     hb = Int32(0)
-    if linear < in_full:
+    if linear < sections.full_ctas:
         # a full section of 2^lw pairs: linear = (section * blocks + rank) * 2^lw + pair
-        t = linear >> lw
-        section = t // num_blocks
-        rank = t - section * num_blocks
-        hb = (section << lw) + (linear & ((1 << lw) - 1))
+        section, rank = divmod(linear >> lw, sections.blocks)
+        hb = (section << lw) + (linear & ((Int32(1) << lw) - 1))
     else:
-        cur = num_hb - (full << lw)
-        within = linear - in_full
-        rank = within // cur
-        hb = (full << lw) + within - rank * cur
-    batch = hb // num_h
+        # the last section's pairs: linear - full_ctas = rank * rest + pair
+        rank, pair = divmod(linear - sections.full_ctas, sections.rest)
+        hb = sections.full_pairs + pair
+    batch = hb // num_heads
     if cutlass.const_expr(reverse):
         rank = num_blocks - 1 - rank
-    return rank, hb - batch * num_h, batch
+    return rank, hb - batch * num_heads, batch

@@ -101,7 +101,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
-from ..common.schedule import l2_section_coords
+from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
@@ -465,7 +465,19 @@ class FlashBwdSm90:
             num_n_blocks = cute.ceil_div(max_seqlen_k, tn)
             num_batch = mCuSeqlensQ.shape[0] - 1
         # one CTA per key tile and query head, or per key tile and KV head (group_heads)
-        grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
+        grid_heads = cute.size(mQ.shape[2]) // self.heads_per_cta
+        grid = (num_n_blocks, grid_heads, num_batch)
+        sections = None
+        if cutlass.const_expr(self.l2_sections):
+            # a pair's query rows: the dense length, or for packed sequences the grid's key
+            # length (the longest sequence's), which overestimates the shorter pairs
+            rows = mQ.shape[0]
+            if cutlass.const_expr(self.varlen):
+                rows = num_n_blocks * tn
+            sections = L2Sections.create(
+                num_n_blocks, grid_heads * num_batch, rows, self.l2_row_bytes,
+                self.config.l2_section_bytes,
+            )  # fmt: skip
         self.kernel(
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
@@ -474,7 +486,7 @@ class FlashBwdSm90:
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sdQ_layout,
             sdK_layout, sLSE_layout, sDsum_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
-            mCuSeqlensQ, mCuSeqlensK,
+            mCuSeqlensQ, mCuSeqlensK, sections,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -527,6 +539,7 @@ class FlashBwdSm90:
         window_right: Int32,
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
+        sections: L2Sections | None,
     ):
         roles = self.roles
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -560,13 +573,8 @@ class FlashBwdSm90:
 
         n_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.l2_sections):
-            # a pair's query rows: the dense length, or for packed sequences the grid's key
-            # length (the longest sequence's), which overestimates the shorter pairs
-            rows = mQ.shape[0]
-            if cutlass.const_expr(self.varlen):
-                rows = cute.arch.grid_dim()[0] * self.tile_n
             n_block, head, batch = l2_section_coords(
-                rows, self.l2_row_bytes, self.config.l2_section_bytes, reverse=False
+                sections, cute.size(mQ.shape[2]) // self.heads_per_cta, reverse=False
             )
         if cutlass.const_expr(self.deterministic and self.has_right):
             # right-to-left turns (see dq_writer) wait on higher key tiles: launch those first.

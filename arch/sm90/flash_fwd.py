@@ -49,7 +49,7 @@ from ..common.convert import convert_pairs
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
-from ..common.schedule import l2_section_coords
+from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, ragged_rows
 from ..common.softmax import OnlineSoftmax
 from .primitives import (
@@ -282,6 +282,14 @@ class FlashFwdSm90:
             per_pair = self._units_per_pair(num_m_blocks, ramp)
             num_units = per_pair * cute.size(mQ.shape[2]) * num_batch
             grid = (cutlass.min(num_units, self.config.persistent_ctas), 1, 1)
+        sections = None
+        if cutlass.const_expr(self.l2_sections):
+            # longest first across the heads of an L2 section (their K and V fit in L2)
+            sections = L2Sections.create(
+                num_m_blocks, cute.size(mQ.shape[2]) * num_batch, mK.shape[0],
+                (self.head_dim + self.head_dim_v) * 2, L2_BYTES_SM90,
+                self.config.l2_section_max_pairs,
+            )  # fmt: skip
         self.kernel(
             tiled_mma_qk,
             tiled_mma_pv,
@@ -311,6 +319,7 @@ class FlashFwdSm90:
             mKvBatchIdx,
             mPageTable,
             mBatchOrder,
+            sections,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -353,6 +362,7 @@ class FlashFwdSm90:
         mKvBatchIdx: cute.Tensor | None,
         mPageTable: cute.Tensor | None,
         mBatchOrder: cute.Tensor | None,
+        sections: L2Sections | None,
     ):
         roles = self.roles
         feats = self.features
@@ -413,14 +423,8 @@ class FlashFwdSm90:
             if cutlass.const_expr(feats.batch_order):
                 batch = mBatchOrder[batch]
             if cutlass.const_expr(self.l2_sections):
-                # longest first across the heads of an L2 section (their K and V fit in L2)
-                kv_row_bytes = (self.head_dim + self.head_dim_v) * 2
                 m_block, head, batch = l2_section_coords(
-                    mK.shape[0],
-                    kv_row_bytes,
-                    L2_BYTES_SM90,
-                    reverse=True,
-                    max_pairs=self.config.l2_section_max_pairs,
+                    sections, cute.size(mQ.shape[2]), reverse=True
                 )
             elif cutlass.const_expr(self.config.lpt_order and self.has_right):
                 m_block = cute.arch.grid_dim()[0] - 1 - m_block

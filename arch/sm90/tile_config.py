@@ -141,7 +141,9 @@ def fills_tall_tiles(seqlen_q: int, window_left: int = -1, window_right: int = -
     8k 443.6 / 473.4 (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 / 457.8, 8k 439.8 /
     470.8 (tune_fwd_d64_tall_6k8k_causal_h200.json); 16k 461.4 / 491.8
     (tune_fwd_d64_tall_persistent_causal_h200.json); 4k 412.3 / 405.8, 5k 422.2 / 435.4, 6k
-    428.3 / 454.0 (tune_fwd_d64_tall_5k_causal_h200.json). 4.5k not measured.
+    428.3 / 454.0 (tune_fwd_d64_tall_5k_causal_h200.json). 4.5k not measured. With the
+    section sizes from the host (thirty-third session): 2k 401.8 / 341.3, 4k 420.7 / 418.8
+    (tune_fwd_d64_tall_l2_host_h200.json): the threshold stays.
 
     A left bound: >= 16384 rows and a window at least TALL_MIN_WINDOW_D64 keys wide (or open
     on the right). A CTA's work is the window's, not the query length's; window (w, 0), same
