@@ -106,7 +106,24 @@ def _breakdown(q, k, v) -> dict:
         fa4(q, k, v, causal=True)
         pieces["FA4 flash_attn_func"] = lambda: fa4(q, k, v, causal=True)
     # 500 queued launches stay inside the launch queue (a full queue would time the GPU)
-    return {name: _host(fn, reps=500) for name, fn in pieces.items()}
+    out = {name: _host(fn, reps=500) for name, fn in pieces.items()}
+    # SDPA with each backend forced (the context is entered once, around the whole loop), the
+    # GPU time of one call beside it: a host figure is only host time if the GPU keeps up
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        for causal in (True, False):
+            name = f"torch SDPA {backend.lower()}{' is_causal' if causal else ''}"
+            try:
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    call = lambda c=causal: sdpa(qt, kt, vt, is_causal=c)  # noqa: E731
+                    call()
+                    torch.cuda.synchronize()
+                    out[name] = _host(call, reps=500)
+                    out[name + " (GPU us, events)"] = _events(call)
+            except RuntimeError as e:  # backend unavailable for this shape / build
+                out[name] = f"unavailable: {str(e).splitlines()[0][:80]}"
+    return out
 
 
 def _kv_breakdown(q, kc, vc, n) -> dict:
@@ -210,7 +227,7 @@ def main():
             parts = _kv_breakdown(q, k, v, n)
             print("host us per call of each piece (KV-cache b1 call):")
         for piece, us in (parts or {}).items():
-            print(f"  {piece:<44} {us:6.1f}")
+            print(f"  {piece:<44} {us:6.1f}" if isinstance(us, float) else f"  {piece:<44} {us}")
         row = {"case": name, "eager_us": _events(fn), "host_us": _host(fn), "graph_us": _graph(fn),
                "dispatch": cute_attn.last_dispatch().impl}  # fmt: skip
         if parts:
