@@ -228,13 +228,17 @@ def _varlen_backward(q, k, v, out, lse, dout, dlse, *, cu_seqlens_q, cu_seqlens_
 def _run(q, k, v, p, fallback, memo_key=None):
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback)
     if d.impl == "sm90_fwd":
+        if _needs_grad(q, k, v):
+            result = _KernelAttn.apply(q, k, v, p)
+        else:
+            result = fwd_sm90.run_fwd(q, k, v, p)
         if memo_key is not None:
+            # bound after the call, so that the launcher's one-time allocation (a prototype
+            # for lse) comes after this call's outputs, not between a free and their reuse
             if len(_dense_memo) >= _DENSE_MEMO_MAX:
                 _dense_memo.clear()
             _dense_memo[memo_key] = (p, d, fwd_sm90.dense_launcher(q, p))
-        if _needs_grad(q, k, v):
-            return _KernelAttn.apply(q, k, v, p)
-        return fwd_sm90.run_fwd(q, k, v, p)
+        return result
     out, lse = reference.attention_ref(
         q, k, v, softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
         softcap=p.softcap, compute_dtype=_ref_compute_dtype(q.dtype),
@@ -429,9 +433,10 @@ def flash_attn_with_kvcache(
     q, seqused_k, _ = inference.kvcache_prepare(
         q, k_cache, v_cache, k, v, problem=p, lengths_dtype=torch.int32, with_pages=False, **prep
     )
-    if key is not None:
+    res = _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table)
+    if key is not None:  # bound after the call, as the dense entry's (_run)
         _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx)
-    return _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table)
+    return res
 
 
 # The KV-cache entry's host fast path, like the dense entry's: a read-only kernel call (no

@@ -76,6 +76,18 @@ def _breakdown(q, k, v) -> dict:
         torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)
         torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
 
+    out_shape, lse_shape, f32 = (b, sq, h, p.head_dim_v), (b, h, sq), torch.float32
+    lse_proto = torch.empty((1, 1, 1), dtype=f32, device=q.device).expand(lse_shape)
+    cf = torch.contiguous_format
+
+    def alloc_new_empty():
+        q.new_empty(out_shape)
+        q.new_empty(lse_shape, dtype=f32)
+
+    def alloc_like():  # no shape or dtype to parse: q itself and a one-element prototype
+        torch.empty_like(q, memory_format=cf)
+        torch.empty_like(lse_proto, memory_format=cf)
+
     from cute_attn import api
 
     knobs = (None, True, (None, None), 0.0, 0, None, False, None)
@@ -85,11 +97,13 @@ def _breakdown(q, k, v) -> dict:
     pieces = {
         "whole call": lambda: cute_attn.flash_attn_func(q, k, v, causal=True),
         "memo key + lookup": lambda: memo.get(api._dense_signature(q, k, v, knobs)),
-        "bound launcher (2 new_empty + FFI call)": lambda: launcher(q, k, v),
+        "bound launcher (2 allocations + FFI call)": lambda: launcher(q, k, v),
         "validate_dense": lambda: validate_dense(q, k, v, **kw),
         "dispatch.select": lambda: dispatch.select(p, tensors),
         "run_fwd": lambda: fwd_sm90.run_fwd(q, k, v, p),
         "two torch.empty": alloc,
+        "two q.new_empty": alloc_new_empty,
+        "two torch.empty_like (q, expanded prototype)": alloc_like,
         "plan lookup": lambda: fwd_sm90._plan(p, fwd_sm90._DENSE, b, sq, p.seqlen_k, False, 0),
         "kernel launch (TVM-FFI call)": launch,
     }

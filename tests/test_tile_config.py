@@ -267,7 +267,8 @@ def test_split_mask_loops_where_measured():
 def test_fwd_l2_sections_where_measured():
     # forward L2 sections (they act only under a right bound on dense grids): D=128 (and D=96,
     # its branch) at most 8 pairs a section (1024 pairs lose 4% at 1k causal); D > 128 and the
-    # D=64 tall tile uncapped; not the D=64 64-row tile (-2..-5% at 1k / 2k causal)
+    # D=64 tall tile uncapped; the D=64 64-row tile under the causal mask only (+1.5% at 4k
+    # causal with host-side sizes; sliding windows not measured)
     for d in (96, 128):
         cfg = fwd_tile_config(d, d, True, False)
         assert cfg.lpt_l2_sections and cfg.l2_section_max_pairs == 8
@@ -275,7 +276,9 @@ def test_fwd_l2_sections_where_measured():
         cfg = fwd_tile_config(d, dv, True, False)
         assert cfg.lpt_l2_sections and cfg.l2_section_max_pairs == 1024
     assert fwd_tile_config(64, 64, True, False, tall=True).lpt_l2_sections
-    assert not fwd_tile_config(64, 64, True, False).lpt_l2_sections
+    assert fwd_tile_config(64, 64, True, False).lpt_l2_sections
+    assert not fwd_tile_config(64, 64, True, True).lpt_l2_sections
+    assert not fwd_tile_config(64, 64, False, True).lpt_l2_sections
 
 
 def test_fwd_persistent_where_measured():

@@ -368,6 +368,13 @@ def _dense_tile_config(
         # 1k causal 320 / 320 / 320: form 0 kept for the >= 4k row.
         # interleave_rescale (tune_fwd_interleave_h200.json, off / on): 4k causal 422 / 409, 1k
         # causal 347 / 340: off.
+        # LPT over L2 sections under the causal mask, once their sizes came from the host
+        # (thirty-third session; tune_fwd_d64_sections{,_b}_h200.json, round-robin, TFLOP/s,
+        # off / on, three runs): 4k causal 396.7 / 402.6, 399.9 / 405.9, 397.0 / 402.8; 2k
+        # causal 367.6 / 366.0 and 366.4 / 366.7; 1k causal 346.9 / 347.2 (1k-2k take the
+        # persistent grid in the library, which has no sections). On with the in-kernel
+        # coordinates they were even at 4k (408 / 408, tune_fwd_l2fast_h200.json). Windows
+        # not measured: off.
         return FwdTileConfig(
             tile_m=64,
             num_mma_warpgroups=1,
@@ -376,6 +383,7 @@ def _dense_tile_config(
             split_mask_loops=True,
             pin_pv_wait=True,
             pin_pv_anchor=2,
+            lpt_l2_sections=causal and not local,
         )
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
