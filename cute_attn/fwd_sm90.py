@@ -546,7 +546,7 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
     # The outputs as `torch.empty_like` of a tensor of their shape and dtype, which parses no
     # shape or dtype: 3.9 us for both against 5.2 for two `new_empty` on the H200 host
     # (docs/perf/host_overhead_tiny_s33b_h200.json). out's is q itself when Dv = D, lse's a
-    # one-element fp32 tensor expanded to (B, H, Sq) (4 bytes held per bound signature);
+    # one-element fp32 tensor expanded to (B, H, Sq) (one small block per bound signature);
     # contiguous_format makes both outputs contiguous whatever the prototype's strides.
     empty_like, contiguous = torch.empty_like, torch.contiguous_format
     lse_proto = torch.empty((1, 1, 1), dtype=f32, device=q.device).expand(lse_shape)

@@ -150,13 +150,15 @@ class FlashFwdSm90:
         self.num_stages = cfg.num_stages
         # ping-pong: the consumer warpgroups take turns round-robin (the table decides when)
         self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups >= 2
-        # L2 sections reorder a dense grid only (the inference layouts keep their grid order)
-        self.l2_sections = (
-            cfg.lpt_l2_sections and cfg.lpt_order and self.has_right and feats == InputFeatures()
-        )
         # a persistent grid (FwdTileConfig.persistent_ctas) walks the tiles of dense inputs in a
         # static stride (under a mask in pairs of complementary work, `_persistent_tile`)
         self.persistent = cfg.persistent_ctas > 0
+        # L2 sections reorder a dense one-CTA-per-tile grid only (the inference layouts keep
+        # their grid order; a persistent grid has its own)
+        self.l2_sections = (
+            cfg.lpt_l2_sections and cfg.lpt_order and self.has_right and feats == InputFeatures()
+            and not self.persistent
+        )  # fmt: skip
         self.masked = self.has_left or self.has_right
         if self.persistent and feats != InputFeatures():
             raise ValueError("persistent_ctas takes dense inputs (no varlen, paged or split-KV)")
