@@ -428,7 +428,9 @@ from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
 from cute_attn.arch.sm90.tile_config import fwd_tile_config
 out = {}
 for causal, split in ((True, True), (True, False), (False, True)):
-    cfg = dataclasses.replace(fwd_tile_config(128, 128, causal, False), split_mask_loops=split)
+    # the one-loop variant with the compare form of the mask (mask_bits off) as well
+    cfg = dataclasses.replace(fwd_tile_config(128, 128, causal, False), split_mask_loops=split,
+                              mask_bits=split)  # fmt: skip
     spec = FwdSpec("bfloat16", 128, 128, 8, 8, False, causal, False, cfg)
     fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
     # one window per main-loop body (the peeled first tile waits with gsb0 <= 0 only)
@@ -438,7 +440,8 @@ for causal, split in ((True, True), (True, False), (False, True)):
     # integer divisions (I2F.RP / MUFU.RCP / F2I) before the first Q load
     head = sass[: sass.index("UTMALDG")]
     divisions = sum(head.count(op) for op in ("I2F", "MUFU.RCP", "F2I"))
-    out[f"{causal},{split}"] = {"windows": windows, "table": table, "divisions": divisions}
+    out[f"{causal},{split}"] = {"windows": windows, "table": table, "divisions": divisions,
+                                "r2p": sass.count("R2P")}  # fmt: skip
 print(json.dumps(out))
 """
 
@@ -447,7 +450,7 @@ print(json.dumps(out))
 def test_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     # split_mask_loops (on at D=128): the fully visible key tiles run in a loop with no mask
     # select at all; the causal edge loop keeps the mask (behind its per-tile test); without
-    # the split the one loop carries the mask code (taken or not, per tile)
+    # the split the one loop carries the mask code (taken or not, per tile). Also mask_bits
     r = run_json_snippet(MASK_WINDOWS + _MASK_LOOP_SNIPPET, tmp_path, timeout=900)
     on, off, plain = r["True,True"], r["True,False"], r["False,True"]
     assert on["table"] and plain["table"] and not off["table"], r
@@ -457,6 +460,9 @@ def test_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     # the causal table variant takes L2 sections; their sizes and divisors come from the
     # host (L2Sections), so no warp divides before the CTA's first load
     assert on["divisions"] == 0, r
+    # mask_bits: the edge tiles' keep bits reach the predicates through R2P (7 at a time),
+    # where the compare form has one or two ISETP an element and no R2P
+    assert on["r2p"] >= 8 and off["r2p"] == 0, r
 
 
 _PV_WAIT_SNIPPET = r"""

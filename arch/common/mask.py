@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .dsl import DslStruct
 from .layout import acc_as_rows_cols
@@ -27,6 +29,37 @@ def apply_softcap(acc_s: cute.Tensor, score_premul: Float32):
     by the host (cute_attn.fwd_sm90.softmax_scales)."""
     for i in cutlass.range_constexpr(cute.size(acc_s)):
         acc_s[i] = cute.math.tanh(acc_s[i] * score_premul, fastmath=True)
+
+
+@dsl_user_op
+def _shift_ones(n: Int32, left: bool, *, loc=None, ip=None) -> Uint32:
+    """0xFFFFFFFF shifted by n >= 0 bits (left or right), 0 when n >= 32: PTX clamps a shift
+    amount past the width, where an LLVM shift by >= 32 would be undefined."""
+    op = "shl" if left else "shr"
+    return Uint32(
+        llvm.inline_asm(
+            T.i32(),
+            [Uint32(0xFFFFFFFF).ir_value(loc=loc, ip=ip), Int32(n).ir_value(loc=loc, ip=ip)],
+            f"{op}.b32 $0, $1, $2;",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def _is_wgmma_columns(col_offs: list[int]) -> bool:
+    """A thread's columns of an SM90 wgmma accumulator row: pairs 8 apart (0, 1, 8, 9, ...)."""
+    return col_offs == [8 * (j // 2) + j % 2 for j in range(len(col_offs))]
+
+
+@cute.jit
+def _elements_below(t: Int32) -> Int32:
+    """How many of a thread's wgmma row elements (columns 0, 1, 8, 9, ... past its first one)
+    lie left of column t (relative to its first)."""
+    tt = cutlass.max(t, 0)
+    return (tt >> 3) * 2 + cutlass.min(tt & 7, 2)
 
 
 class TileMask(DslStruct):
@@ -42,6 +75,7 @@ class TileMask(DslStruct):
         window_right: Int32,
         has_left: bool,
         has_right: bool,
+        bits: bool = False,
     ):
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -51,6 +85,8 @@ class TileMask(DslStruct):
         self.window_right = window_right
         self.has_left = has_left
         self.has_right = has_right
+        # apply() through per-row keep bits (FwdTileConfig.mask_bits)
+        self.bits = bits
 
     @cute.jit
     def n_block_range(self, m_block: Int32):
@@ -186,6 +222,10 @@ class TileMask(DslStruct):
         # each column's offset from it, static (a row's elements share the columns of row 0)
         cols = range(cute.size(s, mode=[1]))
         col_offs = [c.layout((0, j))[1] - c.layout((0, 0))[1] for j in cols]
+        bits = self.bits and _is_wgmma_columns(col_offs)
+        # without the bound that gives lo (the left one; the right one for S^T) lo = -col0
+        # <= every column, so the bit form leaves it out (the compare form keeps its SASS)
+        has_lo = self.has_right if cutlass.const_expr(transposed) else self.has_left
         offset = self.seqlen_k - self.seqlen_q
         col0 = m_block * self.tile_m if cutlass.const_expr(transposed) else n_block * self.tile_n
         row0 = n_block * self.tile_n if cutlass.const_expr(transposed) else m_block * self.tile_m
@@ -209,9 +249,29 @@ class TileMask(DslStruct):
                 lo = Int32(0) - col0
                 if cutlass.const_expr(self.has_left):
                     lo = row + offset - self.window_left - col0
-            for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                col = col_first + col_offs[j]
-                # a select, not a conditional store: a store under `if` into a register
-                # array made the compiler emit a select chain quadratic in the row length
-                outside = (col >= hi) | (col < lo)
-                s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))
+            if cutlass.const_expr(bits):
+                self._apply_bits(s, r, hi - col_first, lo - col_first, has_lo)
+            else:
+                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                    col = col_first + col_offs[j]
+                    # a select, not a conditional store: a store under `if` into a register
+                    # array made the compiler emit a select chain quadratic in the row length
+                    outside = (col >= hi) | (col < lo)
+                    s[r, j] = Float32(cutlass.select_(outside, -Float32.inf, s[r, j]))
+
+    @cute.jit
+    def _apply_bits(self, s: cute.Tensor, r: int, hi: Int32, lo: Int32, has_lo: bool):
+        """Row r of `s` keeps the elements whose column (relative to the thread's first) lies
+        in [lo, hi). Visible elements are a contiguous run of the row's element indices, so
+        each 32 elements take one word of keep bits, built by a shift or two; each element
+        then tests its constant bit (ptxas: R2P, 7 predicates an instruction, and an FSEL)."""
+        n_cols = cute.size(s, mode=[1])
+        hi_n = _elements_below(hi)
+        lo_n = _elements_below(lo)
+        for w in cutlass.range_constexpr((n_cols + 31) // 32):
+            keep = _shift_ones(cutlass.max(32 * w + 32 - hi_n, 0), left=False)
+            if cutlass.const_expr(has_lo):
+                keep = keep & _shift_ones(cutlass.max(lo_n - 32 * w, 0), left=True)
+            for j in cutlass.range_constexpr(32 * w, min(n_cols, 32 * w + 32)):
+                visible = (keep & Uint32(1 << (j - 32 * w))) != Uint32(0)
+                s[r, j] = Float32(cutlass.select_(visible, s[r, j], -Float32.inf))

@@ -599,6 +599,7 @@ class FlashBwdSm90:
             window_right,
             self.has_left,
             self.has_right,
+            self.config.mask_bits,
         )
         m_min, m_max = mask.m_block_range(n_block)
 

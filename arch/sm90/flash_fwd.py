@@ -446,6 +446,7 @@ class FlashFwdSm90:
                 window_right,
                 self.has_left,
                 self.has_right,
+                self.config.mask_bits,
             )
             n_min, n_max = mask.n_block_range(m_block)
             if cutlass.const_expr(feats.split_kv):
@@ -1182,7 +1183,7 @@ class FlashFwdSm90:
         )
         mask = TileMask(
             self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, window_left, window_right,
-            self.has_left, self.has_right,
+            self.has_left, self.has_right, self.config.mask_bits,
         )  # fmt: skip
         n_min, n_max = mask.n_block_range(m_block)
         return m_block, head, seq, mask, n_min, n_max, valid

@@ -46,6 +46,10 @@ class FwdTileConfig:
     # run the fully visible key tiles as a loop of their own, without mask code or a per-tile
     # test (the edge tiles that may need a mask keep the test); off: one loop testing each tile
     split_mask_loops: bool = False
+    # mask a row's elements through a bitmask of its visible columns (TileMask.apply,
+    # `bits`): per row one shift builds 32 elements' keep bits, which ptxas moves into
+    # predicates (R2P), instead of one or two compares an element
+    mask_bits: bool = False
     # order the consumer warpgroups' GEMM issue round-robin through named barriers (ping-pong)
     pingpong: bool = True
     # skip O / l rescaling while the row max grows by <= this many log2 units (0 = off)
@@ -294,6 +298,18 @@ def _dense_tile_config(
         # skipped in the three warps that hold no query row (B=64 4.46 vs 4.47, B=8 3.29 vs
         # 3.41), an L2 evict-first or evict-last hint on the K / V loads (within 0.5%).
         return FwdTileConfig(tile_m=64, num_mma_warpgroups=1, num_stages=3, pingpong=False)
+    # mask_bits (per-row keep bits, R2P; thirty-fourth session) on every tile that runs its
+    # masked key tiles in loops of their own (split_mask_loops). Round-robin, TFLOP/s, bits /
+    # compares, three runs (tune_fwd_mask_bits{,_b,_c}_h200.json): windows gain most, D=64
+    # 16k window 4096 474.8 / 449.3, 4k window 128 145.0 / 122.4, 8k window 1024 342.1 /
+    # 331.1; D=96 8k window 1024 460.6 / 440.3; D=128 8k window 1024 548.2 / 528.6 and 444.1
+    # / 424.7, 16k window 1024 512.8 / 501.1. Causal: D=64 6k 475.4 / 468.3 and 470.4 /
+    # 467.2, 16k 515.3 / 512.6 and 509.4 / 506.7, 4k 409.8 / 410.6 and 412.2 / 412.3, 1k
+    # 351.4 / 346.5; D=96 4k 507.7 / 499.4; D=128 4k 638.2 / 624.8 and 573.5 / 573.1, 16k
+    # 639.6 / 639.2, 1k 424.7 / 422.9. Off at D > 128, whose one loop tests each tile and
+    # holds the mask code: D=256 causal lost in all three runs (4k 703.3 / 715.3, 599.7 /
+    # 619.3, 608.7 / 627.7; 16k 680.2 / 712.8), D=192 even (4k causal 596.4 / 595.4, 16k
+    # causal 691.9 / 691.3). Decode tiles not measured: off.
     if head_dim <= 64 and tall:
         # 192 x 128 with three consumer warpgroups (160 registers each; the current kernel is
         # spill-free with the overlap, an older one spilled 57 registers). Round-robin, TFLOP/s
@@ -344,6 +360,7 @@ def _dense_tile_config(
             pin_pv_anchor=4,
             row_max_form=2,
             interleave_rescale=causal and not local,
+            mask_bits=True,
         )
     if head_dim <= 64:
         # 64-row tiles, one consumer warpgroup, two CTAs per SM (128 launch registers, 56 / 200
@@ -384,6 +401,7 @@ def _dense_tile_config(
             pin_pv_wait=True,
             pin_pv_anchor=2,
             lpt_l2_sections=causal and not local,
+            mask_bits=True,
         )
     if head_dim <= 128:
         # D=128: overlap off costs 17% (508 vs 615 at 16k); ping-pong is within 2% either way
@@ -430,6 +448,7 @@ def _dense_tile_config(
             pin_pv_anchor=4,
             lpt_l2_sections=True,
             l2_section_max_pairs=8,
+            mask_bits=True,
         )
     # D > 128: overlap on. Round-robin, TFLOP/s, overlap (rescale after PV) / no overlap /
     # overlap with the rescale moved before PV (`rescale_before_pv`), tune_fwd_overlap_h200.json:
@@ -560,6 +579,12 @@ class BwdTileConfig:
     # walk the query tiles that see every key of the CTA's tile as a loop of their own,
     # without mask code or a per-tile test (the forward's switch of the same name)
     split_mask_loops: bool = False
+    # the forward's switch of the same name, on S^T / S. On everywhere: round-robin, TFLOP/s,
+    # bits / compares (tune_bwd_mask_bits{,_win,_win_b}_h200.json): causal D=64 4k 470.6 /
+    # 467.1, D=128 4k 517.9 / 517.6, 16k 607.6 / 607.6, D=256 4k 380.1 / 379.7; window
+    # (1024, 0) D=64 4k 381.9 / 375.7, 16k 381.2 / 375.0, D=96 4k 353.7 / 352.0, D=128 4k
+    # 426.1 / 421.9, 1k 334.0 / 330.8, D=192 4k 350.4 / 349.2, D=256 4k 316.4 / 316.3
+    mask_bits: bool = True
     # swizzle (bytes) of the fp32 dQ staging tile. A half-warp's 64-bit accumulator stores
     # cover 4 rows x 32 B: the 128-byte swizzle maps rows 2i and 2i + 1 onto the same banks
     # (ncu, D=128 16k causal: every dQ store 2-way conflicted, 4 wavefronts instead of 2);
