@@ -306,10 +306,11 @@ def _dense_tile_config(
     # / 424.7, 16k window 1024 512.8 / 501.1. Causal: D=64 6k 475.4 / 468.3 and 470.4 /
     # 467.2, 16k 515.3 / 512.6 and 509.4 / 506.7, 4k 409.8 / 410.6 and 412.2 / 412.3, 1k
     # 351.4 / 346.5; D=96 4k 507.7 / 499.4; D=128 4k 638.2 / 624.8 and 573.5 / 573.1, 16k
-    # 639.6 / 639.2, 1k 424.7 / 422.9. Off at D > 128, whose one loop tests each tile and
-    # holds the mask code: D=256 causal lost in all three runs (4k 703.3 / 715.3, 599.7 /
-    # 619.3, 608.7 / 627.7; 16k 680.2 / 712.8), D=192 even (4k causal 596.4 / 595.4, 16k
-    # causal 691.9 / 691.3). Decode tiles not measured: off.
+    # 639.6 / 639.2, 1k 424.7 / 422.9. Off at D > 128 under the causal mask, where one loop
+    # tests each tile and holds the mask code: D=256 causal lost in all three runs (4k 703.3
+    # / 715.3, 599.7 / 619.3, 608.7 / 627.7; 16k 680.2 / 712.8), D=192 even (4k causal 596.4
+    # / 595.4, 16k causal 691.9 / 691.3); under sliding windows they take it (their
+    # branches). Decode tiles not measured: off.
     if head_dim <= 64 and tall:
         # 192 x 128 with three consumer warpgroups (160 registers each; the current kernel is
         # spill-free with the overlap, an older one spilled 57 registers). Round-robin, TFLOP/s
@@ -470,7 +471,13 @@ def _dense_tile_config(
         # causal 635 / 670 / 673, 1k 490 / 509 / 512, 1k causal 370 / 376 / 381; (192, 128)
         # 4k 631 / 636 / 662, 4k causal 559 / 574 / 578, 16k causal 642 / 666 / 673.
         # Windows and decode not measured: off.
+        # Under a sliding window, split_mask_loops with mask_bits (nearly every tile of a
+        # narrow window is masked). Round-robin, TFLOP/s, 8k rows, window 1024, split + bits /
+        # bits / table, two runs in reverse orders (tune_fwd_wide_window_bits{,_b}_h200.json):
+        # D=192 473.7 / 457.8 / 452.0 and 472.4 / 456.2 / 451.1, (192, 128) 498.4 / 463.1 /
+        # 475.6. Under the causal mask both lose or tie (see mask_bits above).
         anchor = not local and not decode
+        window = local and not decode
         return FwdTileConfig(
             tile_n=112 if head_dim_v > 128 else 128,
             pingpong=False,
@@ -478,6 +485,8 @@ def _dense_tile_config(
             pin_pv_wait=anchor,
             pin_pv_anchor=4 if anchor else 0,
             interleave_rescale=anchor,
+            split_mask_loops=window,
+            mask_bits=window,
         )
     # D=256: 80-key tiles keep Q + 2 stages of K and V (224 KiB) inside the smem limit.
     # row_max_form 0 / 1 / 2 (tune_fwd_rowmax_b_h200.json): 16k 721 / 718 / 692, 4k causal
@@ -491,6 +500,10 @@ def _dense_tile_config(
     # interleave_rescale (tune_fwd_interleave_h200.json, off / on): 4k causal 677 / 651, 16k
     # causal 717 / 679; with the anchor added without a mask (tune_fwd_interleave_a4_h200.json,
     # none / anchor / both): 4k 702 / 702 / 666, 16k 738 / 737 / 694: off.
+    # mask_bits under a sliding window (the one loop; split loops lose). Round-robin, TFLOP/s,
+    # split + bits / bits / table, two runs (tune_fwd_wide_window_bits{,_b}_h200.json): 8k
+    # window 1024 544.4 / 553.0 / 547.3 and 544.2 / 552.7 / 546.5, 16k window 4096 620.0 /
+    # 644.7 / 636.7 and 620.2 / 644.1 / 636.1.
     anchor = causal and not local and not decode
     return FwdTileConfig(
         tile_n=80,
@@ -498,6 +511,7 @@ def _dense_tile_config(
         lpt_l2_sections=True,
         pin_pv_wait=anchor,
         pin_pv_anchor=4 if anchor else 0,
+        mask_bits=local and not decode,
     )
 
 
