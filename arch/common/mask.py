@@ -210,7 +210,8 @@ class TileMask(DslStruct):
         identity tensor over the tile, in the accumulator's layout: (tile_m, tile_n) for S,
         or (tile_n, tile_m) for the transposed S^T the backward computes (`transposed`:
         rows are keys, columns queries). Per accumulator row the visible columns form one
-        interval [lo, hi), so each element costs two compares and a select.
+        interval [lo, hi), so each element costs two compares and a select, or with `bits`
+        a test of its bit in the row's keep word (`_apply_bits`).
 
         An element's column is the thread's first column plus a static offset (the
         partition's layout evaluated at trace time): one add an element, where reading each
@@ -267,7 +268,9 @@ class TileMask(DslStruct):
         then tests its constant bit (ptxas: R2P, 7 predicates an instruction, and an FSEL)."""
         n_cols = cute.size(s, mode=[1])
         hi_n = _elements_below(hi)
-        lo_n = _elements_below(lo)
+        lo_n = hi_n  # unused without a lower bound
+        if cutlass.const_expr(has_lo):
+            lo_n = _elements_below(lo)
         for w in cutlass.range_constexpr((n_cols + 31) // 32):
             keep = _shift_ones(cutlass.max(32 * w + 32 - hi_n, 0), left=False)
             if cutlass.const_expr(has_lo):
