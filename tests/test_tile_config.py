@@ -253,34 +253,26 @@ def test_pin_pv_anchor_counts_a_partial_row_or_whole_rows():
             kernel(k)
 
 
-def test_split_mask_loops_where_measured():
-    # on for D <= 128 (measured at D=128 and, with an anchor, at both D=64 tiles; D=96 takes
-    # the D=128 branch), off for D >= 192 (a loss at D=256) but for D=192 under a sliding
-    # window (with mask_bits: +4.7% at 8k rows, window 1024)
+def test_mask_loops_and_bits_where_measured():
+    # split_mask_loops: on for D <= 128 (measured at D=128 and, with an anchor, at both D=64
+    # tiles; D=96 takes the D=128 branch), off for D >= 192 (a loss at D=256) but for D=192
+    # under a sliding window (with mask_bits: +4.7% at 8k rows, window 1024).
+    # mask_bits (the keep-bit mask, R2P): every forward tile at D <= 128 and every tile under
+    # a sliding window; off under the causal mask past D=128 (D=256 -1.7..-4.6%) and on
+    # decode tiles (not measured); every backward variant
     for causal, local in ((False, False), (True, False), (False, True)):
-        for d in (64, 96, 128):
-            assert fwd_tile_config(d, d, causal, local).split_mask_loops
-        assert fwd_tile_config(64, 64, causal, local, tall=True).split_mask_loops
+        for cfg in [fwd_tile_config(d, d, causal, local) for d in (64, 96, 128)] + [
+            fwd_tile_config(64, 64, causal, local, tall=True)
+        ]:
+            assert cfg.split_mask_loops and cfg.mask_bits, cfg
         for d, dv in ((192, 192), (192, 128), (256, 256)):
-            want = local and d == 192
-            assert fwd_tile_config(d, dv, causal, local).split_mask_loops == want, (d, dv, local)
-
-
-def test_mask_bits_where_measured():
-    # the keep-bit mask (R2P): every forward tile at D <= 128 and every tile under a sliding
-    # window; off under the causal mask past D=128 (D=256 -1.7..-4.6%) and on decode tiles
-    # (not measured); every backward variant
-    for causal, local in ((False, False), (True, False), (False, True)):
-        for d in (64, 96, 128):
-            assert fwd_tile_config(d, d, causal, local).mask_bits
-        assert fwd_tile_config(64, 64, causal, local, tall=True).mask_bits
-        for d, dv in ((192, 192), (192, 128), (256, 256)):
-            assert fwd_tile_config(d, dv, causal, local).mask_bits == local, (d, dv, local)
+            cfg = fwd_tile_config(d, dv, causal, local)
+            assert cfg.split_mask_loops == (local and d == 192), (d, dv, local)
+            assert cfg.mask_bits == local, (d, dv, local)
+        for d in (64, 96, 128, 192, 256):
+            assert bwd_tile_config(d, d, causal, local, False, False).mask_bits
     assert not fwd_tile_config(128, 128, False, False, decode=True).mask_bits
     assert not fwd_tile_config(256, 256, False, True, decode=True).mask_bits
-    for d in (64, 96, 128, 192, 256):
-        for causal, local in ((False, False), (True, False), (False, True)):
-            assert bwd_tile_config(d, d, causal, local, False, False).mask_bits
 
 
 def test_fwd_l2_sections_where_measured():
