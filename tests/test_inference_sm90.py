@@ -101,14 +101,26 @@ def test_varlen_gqa(h, hkv, dtype):
     _check_varlen(h, hkv, 128, dtype, {"causal": True, "window_size": (64, None)})
 
 
+# past D = 128 a sliding window takes tiles of its own (split loops and the keep-bit mask at
+# D = 192 and (192, 128), the keep-bit mask at 256), as do the paged and KV-cache variants
+# derived from them
+LARGE_DIM_MODES = {
+    "causal": {"causal": True},
+    "window": {"window_size": (50, 7)},
+    "causal_window": {"causal": True, "window_size": (64, None)},
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (256, 256)])
-def test_varlen_other_head_dims(d, dv):
+@pytest.mark.parametrize("mode", list(LARGE_DIM_MODES))
+@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (192, 192), (256, 256)])
+def test_varlen_other_head_dims(d, dv, mode):
     g = _gen(1)
     q, k = _packed(LENS_Q, 4, d, torch.bfloat16, g), _packed(LENS_K, 2, d, torch.bfloat16, g)
     v = _packed(LENS_K, 2, dv, torch.bfloat16, g)
-    out, lse = _varlen(q, k, v, LENS_Q, LENS_K, causal=True)
-    ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, causal=True)
+    kw = LARGE_DIM_MODES[mode]
+    out, lse = _varlen(q, k, v, LENS_Q, LENS_K, **kw)
+    ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **kw)
     assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
@@ -203,6 +215,40 @@ def test_varlen_seqused_q(num_splits, with_seqused_k):
         rows = slice(cq[b] + u, cq[b + 1])
         assert torch.equal(out[rows], torch.zeros_like(out[rows]))
         assert bool((lse[:, rows] == float("-inf")).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("used", [False, True])
+@pytest.mark.parametrize("mode", ["full", "causal", "window"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_many_sequences(d, mode, used):
+    # more sequences than a warp has lanes: the packed grid's search for a CTA's sequence
+    # (schedule.packed_tile_coords) takes three steps; empty sequences, one row, whole tiles
+    # and odd lengths, seqused_q below the spans; outputs over poisoned blocks (each over 1
+    # MiB: from the caching allocator's large pool, see above)
+    gen = torch.Generator().manual_seed(d + len(mode) + used)
+    lens_q = torch.randint(0, 1500, (75,), generator=gen).tolist()
+    lens_q[:8] = [0, 128, 1, 256, 0, 129, 64, 1000]
+    lens_k = torch.randint(0, 1500, (75,), generator=gen).tolist()
+    lens_k[:8] = [5, 128, 0, 256, 9, 300, 64, 1]
+    g = _gen(d)
+    q = _packed(lens_q, 8, d, torch.bfloat16, g)
+    k, v = _packed(lens_k, 2, d, torch.bfloat16, g), _packed(lens_k, 2, d, torch.bfloat16, g)
+    kw = dict(cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), **mode_kwargs(mode))
+    if used:
+        kw["seqused_q"] = torch.tensor([n - n // 3 for n in lens_q], dtype=torch.int32,
+                                       device="cuda")  # fmt: skip
+    junk_o = torch.full((1, sum(lens_q), 8, d), float("nan"), device="cuda", dtype=q.dtype)
+    junk_l = torch.full((1, 8, sum(lens_q)), float("nan"), device="cuda")
+    ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
+    del junk_o, junk_l
+    out, lse = flash_attn_varlen_func(q, k, v, max_seqlen_q=max(lens_q),
+                                      max_seqlen_k=max(lens_k), num_splits=1, **kw)  # fmt: skip
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert {out.data_ptr(), lse.data_ptr()} == ptrs, "poisoned blocks were not reused"
+    ref, ref_lse = reference.attention_ref_varlen(q, k, v, compute_dtype=torch.float32, **kw)
+    same, _ = reference.attention_ref_varlen(q, k, v, compute_dtype=None, **kw)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 # ------------------------------------------------------------------ dense split-KV
@@ -325,6 +371,24 @@ def test_kvcache_batch_idx_window_softcap(num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 3])
+@pytest.mark.parametrize("sq", [1, 5])
+@pytest.mark.parametrize("d", [192, 256])
+def test_kvcache_windows_large_head_dims(d, sq, num_splits):
+    q, kc, vc = _cache_case(3, sq, 8, 2, d, 700, seed=d + sq)
+    lens = [700, 33, 129]
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    # (flash_attn_with_kvcache is causal unless told otherwise)
+    for kw in ({"causal": False, "window_size": (100, 0)},
+               {"causal": False, "window_size": (40, 3), "softcap": 10.0},
+               {"causal": True, "window_size": (300, None)}):  # fmt: skip
+        out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, num_splits=num_splits, **kw)
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        ref, ref_lse, same = _cache_ref(q, kc, vc, range(3), lens, **kw)
+        assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
 def test_kvcache_rotary_append():
     q, kc, vc = _cache_case(2, 1, 8, 2, 128, 300, seed=12)
     g = _gen(13)
@@ -354,16 +418,20 @@ def test_kvcache_rotary_append():
 PAGE_SIZES = [1, 8, 16, 48, 64, 128, 256]
 
 
-def _paged_cache(b, hkv, d, page_size, max_pages, lens, g, written=None, dtype=torch.bfloat16):
+def _paged_cache(
+    b, hkv, d, page_size, max_pages, lens, g, written=None, dtype=torch.bfloat16, dv=None
+):
     """A paged cache whose row b has ceil(lens[b] / page_size) pages at shuffled physical
     positions, holding random keys in its first written[b] (default lens[b]) rows. Later rows
     of those pages hold Inf (k) / NaN (v), spare pages NaN, and table entries past the used
-    pages -1: none may reach the output. Returns k_pages, v_pages, table (B, max_pages)."""
+    pages -1: none may reach the output. v's head dim is dv (default d). Returns k_pages,
+    v_pages, table (B, max_pages)."""
     written = lens if written is None else written
+    dv = dv or d
     used = [-(-n // page_size) for n in lens]
     total = sum(used) + 3  # spare pages nobody uses
     kp = torch.full((total, page_size, hkv, d), float("nan"), device="cuda", dtype=dtype)
-    vp = torch.full_like(kp, float("nan"))
+    vp = torch.full((total, page_size, hkv, dv), float("nan"), device="cuda", dtype=dtype)
     perm = torch.randperm(total, device="cuda", generator=g)
     table = torch.full((b, max_pages), -1, dtype=torch.int32, device="cuda")
     nxt = 0
@@ -371,10 +439,10 @@ def _paged_cache(b, hkv, d, page_size, max_pages, lens, g, written=None, dtype=t
         idx = perm[nxt : nxt + u]
         nxt += u
         table[i, :u] = idx.to(torch.int32)
-        rk, rv = (torch.randn(u * page_size, hkv, d, device="cuda", dtype=dtype, generator=g)
-                  for _ in range(2))  # fmt: skip
+        rk, rv = (torch.randn(u * page_size, hkv, x, device="cuda", dtype=dtype, generator=g)
+                  for x in (d, dv))  # fmt: skip
         rk[n:], rv[n:] = float("inf"), float("nan")
-        kp[idx], vp[idx] = rk.view(u, page_size, hkv, d), rv.view(u, page_size, hkv, d)
+        kp[idx], vp[idx] = rk.view(u, page_size, hkv, d), rv.view(u, page_size, hkv, dv)
     return kp, vp, table
 
 
@@ -446,6 +514,39 @@ def test_varlen_paged(page_size, lengths):
         v = torch.cat([x[0] for x in _dense_rows(vp, table, LENS_K)])
         ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
         assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("d,dv", [(192, 128), (192, 192), (256, 256)])
+def test_paged_windows_large_head_dims(d, dv, page_size):
+    # the paged variants past D = 128 derive from the dense table's window tiles: packed
+    # prefill over pages and a paged KV-cache decode, each under windows and the causal mask
+    h, hkv = 6, 2
+    g = _gen(300 + d + dv + page_size)
+    max_pages = -(-max(LENS_K) // page_size) + 1
+    kp, vp, table = _paged_cache(len(LENS_K), hkv, d, page_size, max_pages, LENS_K, g, dv=dv)
+    q = _packed(LENS_Q, h, d, torch.bfloat16, g)
+    k = torch.cat([x[0] for x in _dense_rows(kp, table, LENS_K)])
+    v = torch.cat([x[0] for x in _dense_rows(vp, table, LENS_K)])
+    n = torch.tensor(LENS_K, dtype=torch.int32, device="cuda")
+    qd = torch.randn(len(LENS_K), 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    for mode_kw in LARGE_DIM_MODES.values():
+        mode_kw = {"causal": False, **mode_kw}  # (flash_attn_with_kvcache defaults to causal)
+        out, lse = flash_attn_varlen_func(
+            q, kp, vp, cu_seqlens_q=_cu(LENS_Q), max_seqlen_q=max(LENS_Q),
+            max_seqlen_k=max(LENS_K), page_table=table, seqused_k=n, **mode_kw,
+        )  # fmt: skip
+        _check_route(page_size)
+        ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
+        assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+        out, lse = flash_attn_with_kvcache(qd, kp, vp, cache_seqlens=n, page_table=table,
+                                           num_splits=2, **mode_kw)  # fmt: skip
+        _check_route(page_size)
+        ks, vs = _dense_rows(kp, table, LENS_K), _dense_rows(vp, table, LENS_K)
+        problems = [(qd[i : i + 1], ks[i], vs[i]) for i in range(len(LENS_K))]
+        ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, **mode_kw)))
+        assert_matches(out, lse, ref, ref_lse, same)
 
 
 @pytest.mark.gpu
