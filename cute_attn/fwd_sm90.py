@@ -371,10 +371,11 @@ def _plan(
         p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, page_size, batch,
         rows, heads, seqlen_k, num_sms, tall,
     )  # fmt: skip
-    # an unsplit decode grid that fills two CTAs per SM takes that tile (tile_m 64 either way)
+    # a split decode grid, or an unsplit one that fills two CTAs per SM, takes that tile
+    # (tile_m 64 either way, so the split count above stands)
     wide = (
-        pack and splits == 1 and features in _WIDE_INPUTS
-        and fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms)
+        pack and features in _WIDE_INPUTS
+        and (splits > 1 or fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms))
     )  # fmt: skip
     feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
     # dense and unsplit in fwd_persistent's bucket (its window is the kernel's: the packed

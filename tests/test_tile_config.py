@@ -94,8 +94,9 @@ def test_wide_only_changes_d128_decode():
         )
 
 
-def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
-    # _plan: packed decode, no split, a grid that fills two CTAs per SM -> the wide tile
+def test_plan_takes_wide_tile_for_split_and_full_decode_grids(monkeypatch):
+    # _plan: packed decode, split, or unsplit on a grid that fills two CTAs per SM -> the
+    # wide tile (B=8 Sk=8k: the table splits it in two)
     from cute_attn import fwd_sm90
 
     built = []
@@ -104,7 +105,8 @@ def test_plan_takes_wide_tile_for_unsplit_decode_grids(monkeypatch):
     monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
     fwd_sm90._plan.cache_clear()
     wide_tile = dataclasses.astuple(fwd_tile_config(128, 128, False, False, True, wide=True))
-    for batch, splits, wide in ((64, 0, True), (48, 0, False), (8, 0, False), (64, 2, False)):
+    cases = ((64, 0, True), (48, 0, False), (8, 0, True), (8, 1, False), (64, 2, True))
+    for batch, splits, wide in cases:
         p = AttnProblem(
             batch=batch, seqlen_q=1, seqlen_k=8192, num_heads=32, num_heads_kv=8, head_dim=128,
             head_dim_v=128, dtype="bfloat16", device_type="cuda", device_index=0,

@@ -241,8 +241,8 @@ def fwd_tile_config(
     is the packed decode layout (one query row, the query heads of a KV head as the tile's
     rows); `page_size` > 0: K/V come from a paged cache by TMA, one page lookup per key tile, so
     the key tile must lie inside one page (`paged_tile_config`); `tall`: a dense query length
-    for which `fills_tall_tiles` holds; `wide`: an unsplit packed-decode grid for which
-    `fills_two_ctas_per_sm` holds; `persistent_sms` > 0: a dense, unsplit problem for which
+    for which `fills_tall_tiles` holds; `wide`: a packed-decode grid that is split, or
+    unsplit and `fills_two_ctas_per_sm`; `persistent_sms` > 0: a dense, unsplit problem for which
     `fwd_persistent` holds, on a device of that many SMs (the host decides all three; each
     picks between two compiled variants, none is a length in the key).
 
@@ -281,6 +281,13 @@ def _dense_tile_config(
         # vs 4.41, B=24 Sk=8k 4.15 vs 3.93, B=33 Sk=8k 4.57 vs 4.55. 3 stages or 96 keys:
         # no better (B=64 4.54 / 4.56). Where the bucket says no: B=48 Sk=4k 4.28 vs 4.41,
         # B=8 unsplit 2.99 vs 3.41 (the library splits that one).
+        # Split decode grids (the split count fwd_num_splits picks: at most one wave of one
+        # CTA an SM) take it too. Round-robin, CUDA graphs of one / ten calls, us per call,
+        # the tile below / this (decode_wide_split_ab_s35_h200.json): B=1 Sk=32k, 16 splits,
+        # 40.8 / 40.0 and 36.7 / 36.3; B=8 Sk=8k, 2 splits, 70.0 / 69.6 and 65.6 / 65.1. The
+        # fifteenth session's run (decode_wide_split_ab_h200.json): B=1 38.5-38.6 / 38.6-38.8
+        # and 36.9-37.0 / 36.6-36.7, B=8 68.8-69.1 / 67.9-68.3 and 66.6-66.7 / 65.8-66.0. Twice
+        # the splits on this tile: no better (B=1 40.5 and 37.2, B=8 68.8 and 65.5).
         return FwdTileConfig(tile_m=64, tile_n=64, num_stages=2, num_mma_warpgroups=1,
                              pingpong=False, ctas_per_sm=2)  # fmt: skip
     if decode and head_dim <= 128:
@@ -293,7 +300,8 @@ def _dense_tile_config(
         # ctas_per_sm=2 (64 or 96 keys, 2-3 stages; tune_decode_ctas_h200.json, round-robin in
         # one process): B=128 Sk=2k 0.241 vs 0.249 ms (+3%), B=64 Sk=8k equal (then; +1.5% in
         # the later runs above), B=8 Sk=8k 0.084-0.096 vs 0.078 ms (-8 to -23%, a one-wave
-        # split grid): split grids keep this tile, unsplit ones take `wide` where it fits.
+        # split grid, an older kernel): unsplit grids take `wide` where it fits, split grids
+        # since the thirty-fifth session's measurement (above).
         # Also measured on this tile and dropped (tune_decode_skip_l2_h200.json): softmax
         # skipped in the three warps that hold no query row (B=64 4.46 vs 4.47, B=8 3.29 vs
         # 3.41), an L2 evict-first or evict-last hint on the K / V loads (within 0.5%).

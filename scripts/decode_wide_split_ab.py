@@ -1,0 +1,88 @@
+"""Split decode rows on the two decode tiles, round-robin under CUDA graphs (H200 helper, not a
+test).
+
+One new token, 32 query heads over 8 KV heads, D=128, bf16, through `flash_attn_func` at the
+table's split count: the 128-key, three-stage packed-decode tile against the 64-key, two-stage
+tile with two CTAs per SM (the table's since the thirty-fifth session), and that tile at twice
+the splits. Each variant is checked against the fp32 reference (err column), captured as a CUDA
+graph of one call and of ten, and the graphs are replayed in rounds (every variant once a
+round) so that clock drift hits them alike; median and p95 us per call.
+
+    OUT=. python3 scripts/decode_wide_split_ab.py   # -> decode_wide_split_ab_s35_h200.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import decode_splits as ds  # noqa: E402
+
+import cute_attn  # noqa: E402
+from cute_attn import fwd_sm90  # noqa: E402
+from cute_attn.bench import capture_graph, median_p95  # noqa: E402
+from cute_attn.reference import attention_ref  # noqa: E402
+
+ROWS = {"b1-32k": (1, 32768), "b8-8k": (8, 8192)}
+THREE_STAGE = dict(tile_n=128, num_stages=3, ctas_per_sm=1)
+TWO_CTA = dict(tile_n=64, num_stages=2, ctas_per_sm=2)
+ROUNDS = 80
+
+
+def main():
+    out = []
+    for name, (b, sk) in ROWS.items():
+        torch.manual_seed(0)
+        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
+        ref = attention_ref(q, k, v, compute_dtype=torch.float32)[0]
+        splits = fwd_sm90._num_splits(
+            0, 128, 128, False, False, True, 0, b, 4, 8, sk, fwd_sm90._num_sms(None)
+        )
+        variants = {"table": (THREE_STAGE, splits), "wide": (TWO_CTA, splits),
+                    "wide2x": (TWO_CTA, 2 * splits)}  # fmt: skip
+        graphs = {}
+        for label, (overrides, n) in variants.items():
+            with ds._TableSwap(**overrides):
+
+                def fn(n=n, q=q, k=k, v=v):
+                    return cute_attn.flash_attn_func(q, k, v, num_splits=n)[0]
+
+                err = float((fn().float() - ref).abs().max())
+                one, _ = capture_graph(fn, warmup=3)
+                ten, _ = capture_graph(lambda fn=fn: [fn() for _ in range(10)], warmup=3)
+            graphs[label] = (one, ten, err, n)
+        times = {(label, inner): [] for label in variants for inner in (1, 10)}
+        for _ in range(ROUNDS):
+            for label, (one, ten, _, _) in graphs.items():
+                for inner, graph in ((1, one), (10, ten)):
+                    s = torch.cuda.Event(enable_timing=True)
+                    e = torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    graph.replay()
+                    e.record()
+                    e.synchronize()
+                    times[(label, inner)].append(s.elapsed_time(e) / inner)
+        for (label, inner), t in times.items():
+            med, p95 = median_p95(t)
+            _, _, err, n = graphs[label]
+            row = dict(row=name, variant=label, splits=n, inner=inner, median_us=med * 1e3,
+                       p95_us=p95 * 1e3, tbps=2 * k.numel() * 2 / (med * 1e-3) / 1e12,
+                       err=err)  # fmt: skip
+            out.append(row)
+            print(f"{name} {label:7s} splits {n:3d} inner {inner:2d} {row['median_us']:7.1f} us "
+                  f"p95 {row['p95_us']:7.1f} {row['tbps']:.2f} TB/s err {err:.2e}",
+                  flush=True)  # fmt: skip
+    path = os.path.join(os.environ.get("OUT", "."), "decode_wide_split_ab_s35_h200.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
