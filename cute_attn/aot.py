@@ -46,10 +46,11 @@ FWD_INPUTS = (
                               "seqused_k": True, "split_kv": True, "batch_order": True}),
     ("kvcache", {"seqused_k": True}),
     ("kvcache batch_idx split", {"seqused_k": True, "kv_batch_idx": True, "split_kv": True}),
-    ("decode split", {"split_kv": True, "decode": True}),
     ("decode kvcache", {"seqused_k": True, "decode": True}),
-    # "wide": the two-CTAs-per-SM decode tile of unsplit grids (tile_config.fills_two_ctas_per_sm;
-    # the dense and KV-cache inputs of fwd_sm90._WIDE_INPUTS)
+    # "wide": the two-CTAs-per-SM decode tile of split grids and of unsplit grids that fill two
+    # CTAs per SM (tile_config.fills_two_ctas_per_sm; the dense and KV-cache inputs of
+    # fwd_sm90._WIDE_INPUTS)
+    ("decode split wide", {"split_kv": True, "decode": True, "wide": True}),
     ("decode wide", {"decode": True, "wide": True}),
     ("decode kvcache wide", {"seqused_k": True, "decode": True, "wide": True}),
     ("decode paged128 wide", {"seqused_k": True, "paged_kv": True, "decode": True,
