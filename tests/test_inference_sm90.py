@@ -222,10 +222,10 @@ def test_varlen_seqused_q(num_splits, with_seqused_k):
 @pytest.mark.parametrize("mode", ["full", "causal", "window"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_varlen_many_sequences(d, mode, used):
-    # more sequences than a warp has lanes: the packed grid's search for a CTA's sequence
-    # (schedule.packed_tile_coords) takes three steps; empty sequences, one row, whole tiles
-    # and odd lengths, seqused_q below the spans; outputs over poisoned blocks (each over 1
-    # MiB: from the caching allocator's large pool, see above)
+    # more sequences than a warp has lanes (a grid over the packed query tiles would search
+    # them 32 a step: docs/perf/varlen_packed_tiles.diff); empty sequences, one row, whole
+    # tiles and odd lengths, seqused_q below the spans; outputs over poisoned blocks (each
+    # over 1 MiB: from the caching allocator's large pool, see above)
     gen = torch.Generator().manual_seed(d + len(mode) + used)
     lens_q = torch.randint(0, 1500, (75,), generator=gen).tolist()
     lens_q[:8] = [0, 128, 1, 256, 0, 129, 64, 1000]
