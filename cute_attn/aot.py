@@ -51,6 +51,11 @@ FWD_INPUTS = (
     # CTAs per SM (tile_config.fills_two_ctas_per_sm; the dense and KV-cache inputs of
     # fwd_sm90._WIDE_INPUTS)
     ("decode split wide", {"split_kv": True, "decode": True, "wide": True}),
+    # two splits merge inside a cluster (tile_config.fwd_split_cluster; not at Dv = 256)
+    ("decode split wide cluster", {"split_kv": True, "split_cluster": True, "decode": True,
+                                   "wide": True}),
+    ("kvcache batch_idx split cluster", {"seqused_k": True, "kv_batch_idx": True,
+                                         "split_kv": True, "split_cluster": True}),
     ("decode wide", {"decode": True, "wide": True}),
     ("decode kvcache wide", {"seqused_k": True, "decode": True, "wide": True}),
     ("decode paged128 wide", {"seqused_k": True, "paged_kv": True, "decode": True,
@@ -147,6 +152,7 @@ def _variant_problems(head_dims, dtypes, heads):
         bwd_group_heads,
         bwd_short_rows,
         fwd_persistent,
+        fwd_split_cluster,
     )
 
     plain, causal = FEATURES[0], FEATURES[1]
@@ -184,6 +190,9 @@ def _variant_problems(head_dims, dtypes, heads):
             if inputs.get("persistent") and (
                 not fwd_persistent(d, 1, left, right) or (inputs.get("tall") and d > 64)
             ):
+                continue
+            # cluster-merged splits only where the runtime rule can pick them
+            if inputs.get("split_cluster") and not fwd_split_cluster(2, dv):
                 continue
             # short-rows tiles only where the runtime rule can pick them (their own tile)
             if inputs.get("short") and not bwd_short_rows(
@@ -239,7 +248,9 @@ def compile_variants(
         meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
         if any(inputs.get(f) for f in DIRECT_STORE_INPUTS):
             meant = tuple(i for i in meant if i != "UTMASTG")
-        if inputs.get("split_kv"):
+        if inputs.get("split_cluster"):
+            meant += ("UCGABAR_WAIT",)  # the cluster barriers of the merge
+        elif inputs.get("split_kv"):
             meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
         build, make_key = builders[kind]
         jobs.append((name, kind, lambda b=build, m=make_key, p=p, i=inputs: b(m(p, arch, i)),

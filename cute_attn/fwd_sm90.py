@@ -38,6 +38,7 @@ from .arch.sm90.tile_config import (
     fills_two_ctas_per_sm,
     fwd_num_splits,
     fwd_persistent,
+    fwd_split_cluster,
     fwd_tile_config,
     paged_tile_n,
 )
@@ -350,10 +351,16 @@ class _Plan:
     allocations and the launches."""
 
     fn: object  # the compiled forward
-    combine: object | None  # the compiled combine, when splits > 1
+    combine: object | None  # the compiled combine, when the splits leave fp32 partials
     scalars: tuple  # (scale_log2, premul, window_left, window_right, rows, splits)
     splits: int
     group: int  # query heads packed per KV head (1: not packed)
+
+    @property
+    def partials(self) -> bool:
+        """The kernel writes fp32 partials stacked by split, which the combine merges (splits
+        merged inside a cluster write out / lse themselves, and build no combine)."""
+        return self.splits > 1 and self.combine is not None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -377,7 +384,11 @@ def _plan(
         pack and features in _WIDE_INPUTS
         and (splits > 1 or fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms))
     )  # fmt: skip
-    feats = dataclasses.replace(features, split_kv=True) if splits > 1 else features
+    feats = features
+    if splits > 1:
+        feats = dataclasses.replace(
+            features, split_kv=True, split_cluster=fwd_split_cluster(splits, p.head_dim_v)
+        )
     # dense and unsplit in fwd_persistent's bucket (its window is the kernel's: the packed
     # decode view has none); the table itself keeps decode on one CTA per tile
     persistent = feats == _DENSE and fwd_persistent(
@@ -385,7 +396,7 @@ def _plan(
     )
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
-    if splits > 1:
+    if feats.partials:
         combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
     key = fwd_key(kp, features=feats, decode=pack, tall=tall, wide=wide,
                   persistent_sms=num_sms if persistent else 0)  # fmt: skip
@@ -437,7 +448,8 @@ def _run(
     seqused_k=None, kv_batch_idx=None, page_table=None, batch_order=None,
 ) -> None:  # fmt: skip
     """Launch into out (B, Sq, H, Dv) / lse (B, H, Sq) (B = 1 when packed by cu_seqlens_q):
-    directly, or through fp32 split partials and the combine. `pack` (decode: Sq = 1, GQA,
+    directly (splits merged in a cluster included), or through fp32 split partials and the
+    combine. `pack` (decode: Sq = 1, GQA,
     no left window) views the query heads of each KV head as the rows of one tile, so each
     K/V tile is read once for all of them. With seqused_q the rows past each sequence's used
     rows are never computed: they get out 0 / lse -inf from a fill here (of out / lse, or of
@@ -445,7 +457,7 @@ def _run(
     plan = _plan(p, features, batch, max_seqlen_q, seqlen_k, pack, q.device.index)
     splits, group = plan.splits, plan.group
     o_k, l_k = out, lse
-    if splits > 1:  # fp32 partials, stacked along batch: split s of batch row b is s * B + b
+    if plan.partials:  # fp32, stacked along batch: split s of batch row b is s * B + b
         o_k = torch.empty((splits * out.shape[0], *out.shape[1:]), dtype=torch.float32,
                           device=q.device)  # fmt: skip
         l_k = torch.empty((splits * lse.shape[0], *lse.shape[1:]), dtype=torch.float32,
@@ -462,7 +474,7 @@ def _run(
             qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_q, seqused_k, kv_batch_idx,
             page_table, batch_order,
         )  # fmt: skip
-        if splits > 1:
+        if plan.partials:
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
 
 
@@ -530,7 +542,8 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
     index = q.device.index
     plan = _plan(p, features, b, max_seqlen_q, seqlen_k, pack, index)
     fn, combine, scalars = plan.fn, plan.combine, plan.scalars
-    splits, group = plan.splits, plan.group
+    splits, group, partials = plan.splits, plan.group, plan.partials
+    stacked = splits if partials else 1  # batch rows of the kernel's out / lse per batch row
     dv, f32 = p.head_dim_v, torch.float32
     out_shape, lse_shape = (b, sq, h, dv), (b, h, sq)
     part_o, part_l = (splits * b, sq, h, dv), (splits * b, h, sq)
@@ -540,9 +553,8 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
         # signature, the outputs are contiguous (B, 1, H, X) / (B, H, 1)
         s0, _, s2, s3 = q.stride()
         q_view = ((b, group, h // group, q.shape[3]), (s0, s2, group * s2, s3))
-        o_view = ((b * (splits if splits > 1 else 1), group, h // group, dv),
-                  (h * dv, dv, group * dv, 1))  # fmt: skip
-        l_view = ((b * (splits if splits > 1 else 1), h // group, group), (h, group, 1))
+        o_view = ((b * stacked, group, h // group, dv), (h * dv, dv, group * dv, 1))
+        l_view = ((b * stacked, h // group, group), (h, group, 1))
     current = torch.cuda.current_device
     # The outputs as `torch.empty_like` of a tensor of their shape and dtype, which parses no
     # shape or dtype: 3.9 us for both against 5.2 for two `new_empty` on the H200 host
@@ -578,7 +590,7 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
         out = empty_like(q, memory_format=contiguous) if same_shape else q.new_empty(out_shape)
         lse = empty_like(lse_proto, memory_format=contiguous)
         o_k, l_k = out, lse
-        if splits > 1:  # fp32 partials, stacked along batch (as in _run)
+        if partials:  # fp32, stacked along batch (as in _run)
             o_k, l_k = q.new_empty(part_o, dtype=f32), q.new_empty(part_l, dtype=f32)
         qk, ok, lk = q, o_k, l_k
         if group > 1:
@@ -586,12 +598,12 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
         tail = (None, None, None, seqused_k, kv_batch_idx, page_table, None)
         if current() == index:
             fn(qk, k, v, ok, lk, *scalars, *tail)
-            if splits > 1:
+            if partials:
                 combine(o_k.view(stack_o), l_k.view(stack_l), out, lse)
         else:  # the launches (and their stream: torch's current one) must be on q's device
             with torch.cuda.device(index):
                 fn(qk, k, v, ok, lk, *scalars, *tail)
-                if splits > 1:
+                if partials:
                     combine(o_k.view(stack_o), l_k.view(stack_l), out, lse)
         return out, lse
 

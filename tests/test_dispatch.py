@@ -385,17 +385,20 @@ def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypat
 
 
 @pytest.mark.parametrize(
-    "splits,group,kvcache",
-    [(3, 4, True), (1, 4, True), (2, 1, True), (1, 1, True), (1, 1, False), (3, 4, False)],
-)
-def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
+    "splits,group,kvcache,cluster",
+    [(3, 4, True, False), (1, 4, True, False), (2, 1, True, False), (1, 1, True, False),
+     (1, 1, False, False), (3, 4, False, False), (3, 4, True, True), (2, 1, False, True)],
+)  # fmt: skip
+def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, cluster):
     # the bound launcher passes the kernels what _run does (packed decode rows, split
-    # partials, the combine's stacked views), with fresh outputs per call
+    # partials, the combine's stacked views; splits merged in a cluster write out / lse
+    # themselves, no combine), with fresh outputs per call
     from cute_attn import fwd_sm90
 
     seen = {"fn": [], "combine": []}
+    combine = None if cluster else (lambda *a: seen["combine"].append(a))
     plan = fwd_sm90._Plan(
-        fn=lambda *a: seen["fn"].append(a), combine=lambda *a: seen["combine"].append(a),
+        fn=lambda *a: seen["fn"].append(a), combine=combine,
         scalars=(1.0, 1.0, 0, 0, group, splits), splits=splits, group=group,
     )  # fmt: skip
     monkeypatch.setattr(fwd_sm90, "_plan", lambda *a: plan)
@@ -421,8 +424,9 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache):
     (a_run, a_bound) = seen["fn"]
     assert [layout(x) for x in a_run] == [layout(x) for x in a_bound]
     assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[11] is None and a_bound[14] is lens
-    if splits == 1:
+    if splits == 1 or cluster:
         assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
+        assert a_bound[3].dtype == out2.dtype and a_bound[4].data_ptr() == lse2.data_ptr()
         return
     (c_run, c_bound) = seen["combine"]
     assert [layout(x) for x in c_run] == [layout(x) for x in c_bound]

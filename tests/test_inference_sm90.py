@@ -258,6 +258,8 @@ def test_varlen_many_sequences(d, mode, used):
 @pytest.mark.parametrize("num_splits", [0, 2, 7, 64])
 @pytest.mark.parametrize("mode", SWEEP_MODES)
 def test_dense_split_kv(mode, num_splits):
+    """2 splits merge inside a cluster (tile_config.fwd_split_cluster), 7 and 64 through fp32
+    partials and the combine kernel."""
     g = _gen(5)
     q = torch.randn(2, 70, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(2, 3000, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -268,6 +270,54 @@ def test_dense_split_kv(mode, num_splits):
     ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, **kw)
     same, _ = attention_ref(q, k, v, compute_dtype=None, **kw)
     assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.fixture
+def clusters_up_to_max(monkeypatch):
+    """Every split count the kernel can merge in a cluster (MAX_CLUSTER_SPLITS) takes that
+    path, not only the table's two splits (plans and the dense memo cleared around it)."""
+    from cute_attn import api, fwd_sm90
+    from cute_attn.arch.sm90.tile_config import MAX_CLUSTER_SPLITS
+
+    def clear():
+        fwd_sm90._plan.cache_clear()
+        api._dense_memo.clear()
+
+    rule = fwd_sm90.fwd_split_cluster
+    monkeypatch.setattr(
+        fwd_sm90, "fwd_split_cluster", lambda n, dv: rule(2, dv) and n <= MAX_CLUSTER_SPLITS
+    )
+    clear()
+    yield
+    monkeypatch.undo()
+    clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+@pytest.mark.parametrize("d", [64, 128, 192])
+def test_split_cluster_empty_shares_and_rows(clusters_up_to_max, num_splits, d):
+    """Splits merged inside a cluster (2, and 3 / 8 forced) where most splits get no key tile
+    (2 key tiles over 3 or 8 splits: their partials are out 0 / lse -inf) and, under the
+    bottom-right causal corner with Sq > Sk, rows no split sees (out 0, lse -inf); out over
+    a poisoned block."""
+    g = _gen(num_splits * 100 + d)
+    q = torch.randn(2, 1100, 4, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 200, 2, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 200, 2, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    for causal in (False, True):
+        # out (>= 1 MiB: the caching allocator's large pool) over a block of NaN
+        junk = torch.full((2, 1100, 4, d), float("nan"), device="cuda", dtype=q.dtype)
+        ptr = junk.data_ptr()
+        del junk
+        out, lse = flash_attn_func(q, k, v, causal=causal, num_splits=num_splits)
+        assert out.data_ptr() == ptr, "the poisoned block was not reused"
+        ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=causal)
+        same, _ = attention_ref(q, k, v, compute_dtype=None, causal=causal)
+        assert_matches(out, lse, ref, ref_lse, same)
+        if causal:  # rows 0 .. 899 see no key
+            assert torch.equal(out[:, :900], torch.zeros_like(out[:, :900]))
+            assert bool(torch.isneginf(lse[:, :, :900]).all())
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ from cute_attn.arch.sm90.tile_config import (
     bwd_tile_config,
     fills_tall_tiles,
     fills_two_ctas_per_sm,
+    fwd_split_cluster,
     fwd_tile_config,
     paged_tile_n,
 )
@@ -122,6 +123,38 @@ def test_plan_takes_wide_tile_for_split_and_full_decode_grids(monkeypatch):
         plan = fwd_sm90._plan(paged, InputFeatures(seqused_k=True, paged_kv=True), batch, 1,
                               8192, True, 0)  # fmt: skip
         assert (FwdTileConfig(*plan.fn.tile).ctas_per_sm == 2) is wide, (batch, splits)
+    fwd_sm90._plan.cache_clear()
+
+
+def test_split_cluster_rule_and_plans(monkeypatch):
+    # two splits merge in a cluster (no combine, final out / lse), other counts and Dv = 256
+    # through fp32 partials and the combine (tile_config.fwd_split_cluster)
+    from cute_attn import fwd_sm90
+
+    assert fwd_split_cluster(2, 128) and fwd_split_cluster(2, 192)
+    assert not any(fwd_split_cluster(n, 128) for n in (1, 3, 4, 8, 16))
+    assert not fwd_split_cluster(2, 256)
+    with pytest.raises(ValueError, match="needs split_kv"):
+        InputFeatures(split_cluster=True)
+    assert not InputFeatures(split_kv=True, split_cluster=True).partials
+    assert InputFeatures(split_kv=True).partials
+
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
+    fwd_sm90._plan.cache_clear()
+    for d, splits, cluster in ((128, 2, True), (128, 0, True), (128, 3, False), (256, 2, False)):
+        p = AttnProblem(
+            batch=8, seqlen_q=1, seqlen_k=8192, num_heads=32, num_heads_kv=8, head_dim=d,
+            head_dim_v=d, dtype="bfloat16", device_type="cuda", device_index=0,
+            softmax_scale=0.1, causal=True, window_left=-1, window_right=0, softcap=0.0,
+            num_splits=splits,
+        )  # fmt: skip
+        plan = fwd_sm90._plan(p, InputFeatures(seqused_k=True), 8, 1, 8192, True, 0)
+        feats = InputFeatures(*plan.fn.features)
+        assert plan.splits > 1 and feats.split_kv, (d, splits)
+        assert feats.split_cluster is cluster and plan.partials is not cluster, (d, splits)
+        assert (plan.combine is None) is cluster, (d, splits)
     fwd_sm90._plan.cache_clear()
 
 

@@ -32,11 +32,25 @@ class InputFeatures:
     # so the hardware's in-order block dispatch starts the longest CTAs first (LPT over
     # sequences; blocks of one z-slice are dispatched before the next)
     batch_order: bool = False
+    # with split_kv: the splits of a tile run as one thread-block cluster (num_splits <= 8, the
+    # portable cluster size) and merge their partials through distributed shared memory, so
+    # out / lse are final (in the output dtype): no fp32 partials, no combine launch
+    split_cluster: bool = False
+
+    def __post_init__(self):
+        if self.split_cluster and not self.split_kv:
+            raise ValueError("split_cluster merges split-KV partials: needs split_kv")
+
+    @property
+    def partials(self) -> bool:
+        """out / lse are fp32 partials stacked by split (merged later by the combine kernel)."""
+        return self.split_kv and not self.split_cluster
 
     @property
     def direct_store(self) -> bool:
         """O leaves registers with predicated stores instead of the TMA store: split partials
-        are fp32 (and stacked by split). Packed q takes the TMA store over `ragged_rows`."""
+        are fp32 (and stacked by split); a cluster-merged split writes only the rows it holds
+        from the leader's registers. Packed q takes the TMA store over `ragged_rows`."""
         return self.split_kv
 
     @property

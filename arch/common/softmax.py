@@ -30,6 +30,7 @@ from .fast_math import exp2_fma
 from .layout import acc_as_rows_cols
 
 LN2 = math.log(2.0)
+LOG2E = math.log2(math.e)
 
 
 @cute.jit

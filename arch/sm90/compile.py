@@ -109,8 +109,8 @@ def compile_fwd(spec: FwdSpec, options: str = "", jit_engine: bool = True):
     b, sq = cute.sym_int(), cute.sym_int()
     q, k, v, _ = _fake_qkv(spec, b, sq)
     # split partials are fp32 and stacked along batch (splits * batch rows of the batch mode)
-    o_dtype = cutlass.Float32 if feats.split_kv else DTYPES[spec.dtype]
-    bo = cute.sym_int() if feats.split_kv else b
+    o_dtype = cutlass.Float32 if feats.partials else DTYPES[spec.dtype]
+    bo = cute.sym_int() if feats.partials else b
     o = _fake_bshd(o_dtype, spec.num_heads, spec.head_dim_v, bo, sq)
     lse = _fake_rows(bo, spec.num_heads, sq)
     optional = [

@@ -51,10 +51,12 @@ from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, tr
 from ..common.mask import TileMask, apply_softcap
 from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, ragged_rows
-from ..common.softmax import OnlineSoftmax
+from ..common.softmax import LN2, LOG2E, OnlineSoftmax
 from .primitives import (
     arrive_after,
+    dsmem_address,
     gemm,
+    load_dsmem_f32,
     release_after,
     smem_layout,
     tma_pipeline,
@@ -162,6 +164,16 @@ class FlashFwdSm90:
         self.masked = self.has_left or self.has_right
         if self.persistent and feats != InputFeatures():
             raise ValueError("persistent_ctas takes dense inputs (no varlen, paged or split-KV)")
+        # split_cluster: a split's consumers leave their fragments of O and lse (fp32) in smem
+        # from sQ's start over sK and sV (contiguous: 1024-aligned members of 1024-multiple
+        # sizes), where the cluster's leader reads them
+        self.cluster_merge = feats.split_cluster
+        if self.cluster_merge:
+            xchg = self.roles.num_mma_threads * (self.head_dim_v // 2 + 2) * 4
+            qkv = (self.tile_m * self.head_dim + cfg.num_stages * cfg.tile_n
+                   * (self.head_dim + self.head_dim_v)) * 2  # fmt: skip
+            if xchg > qkv:
+                raise ValueError(f"split_cluster: {xchg} B of fragments exceed sQ..sV ({qkv} B)")
         # rescaling O before the next PV GEMM only hides under S(j+1) with the overlap
         self.rescale_before_pv = cfg.rescale_before_pv and cfg.intra_wg_overlap
         # pin_pv_wait holds the PV wait with the K release unless it has an anchor of its own
@@ -200,7 +212,7 @@ class FlashFwdSm90:
         feats = self.features
         if cutlass.const_expr(mQ.element_type != self.dtype):
             raise TypeError(f"q dtype {mQ.element_type} != compiled {self.dtype}")
-        o_dtype = Float32 if cutlass.const_expr(feats.split_kv) else self.dtype
+        o_dtype = Float32 if cutlass.const_expr(feats.partials) else self.dtype
         if cutlass.const_expr(mO.element_type != o_dtype):
             raise TypeError(f"out dtype {mO.element_type} != {o_dtype}")
         # (seq, dim, head, batch): the seq x dim tile is what TMA and wgmma see
@@ -330,6 +342,8 @@ class FlashFwdSm90:
             # all of the SM's memory as smem (percent): two CTAs need it; set here, the DSL
             # also skips the device query it would otherwise make at compile time
             preferred_smem_carveout=100 if self.config.ctas_per_sm > 1 else None,
+            # split_cluster: the splits of a tile (consecutive grid z) form one cluster
+            cluster=[1, 1, num_splits] if self.cluster_merge else None,
         )
 
     # ------------------------------------------------------------------ device entry
@@ -368,7 +382,7 @@ class FlashFwdSm90:
     ):
         roles = self.roles
         feats = self.features
-        if cutlass.const_expr(feats.split_kv and self.config.early_dependents):
+        if cutlass.const_expr(feats.partials and self.config.early_dependents):
             # the combine kernel (launched with PDL) may become resident now; it waits for this
             # grid's completion in griddepcontrol.wait, so only its launch latency is hidden
             cute.arch.griddepcontrol_launch_dependents()
@@ -474,13 +488,21 @@ class FlashFwdSm90:
                             pipe_q, pipe_k, pipe_v, seq, m_block, head, n_min, n_max, mPageTable,
                             *self._pipeline_states(pipeline.PipelineUserType.Producer),
                         )  # fmt: skip
+                    if cutlass.const_expr(self.cluster_merge):
+                        # every thread of the cluster takes part in the merge's two barriers
+                        for _ in cutlass.range_constexpr(2):
+                            cute.arch.cluster_arrive()
+                            cute.arch.cluster_wait()
                 else:
                     cute.arch.setmaxregister_increase(roles.mma_regs)
+                    xchg = None
+                    if cutlass.const_expr(self.cluster_merge):
+                        xchg = cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32)
                     self.mma(
                         tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
                         pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, out_batch, n_min, n_max,
                         softmax_scale_log2, score_premul, anchor,
-                        *self._pipeline_states(pipeline.PipelineUserType.Consumer),
+                        *self._pipeline_states(pipeline.PipelineUserType.Consumer), xchg,
                     )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
@@ -668,9 +690,11 @@ class FlashFwdSm90:
         anchor: cute.Pointer,
         q_state: pipeline.PipelineState,
         kv_state: pipeline.PipelineState,
+        xchg: cute.Pointer | None = None,
     ):
         """One query tile: the main loop, then the epilogue. Returns the pipeline states after
-        it (a persistent CTA's next tile continues from there)."""
+        it (a persistent CTA's next tile continues from there). `xchg`: with split_cluster,
+        this CTA's fp32 exchange buffer (`_merge_splits`)."""
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
         # consumer warpgroup 0 .. N-1; marked warp-uniform so the wgmma descriptors derived from
         # it live in uniform registers (else 16 R2UR moves per iteration sit before the HGMMAs)
@@ -780,15 +804,23 @@ class FlashFwdSm90:
             if wg == 0:
                 self._sched_wait(wg)
 
-        if cutlass.const_expr(self.features.split_kv and not self.config.early_dependents):
+        if cutlass.const_expr(self.features.partials and not self.config.early_dependents):
             # the PDL-launched combine may become resident once every CTA got here (or exited):
             # its launch overlaps this grid's epilogues, its waiting warps not the main loops
             cute.arch.griddepcontrol_launch_dependents()
         lse = softmax.finalize(acc_o)
-        self.epilogue(
-            tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,
-            out_batch,
-        )  # fmt: skip
+        if cutlass.const_expr(self.cluster_merge):
+            if self._merge_splits(acc_o, lse, tidx, xchg):
+                self.epilogue(
+                    tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block,
+                    head, out_batch,
+                )  # fmt: skip
+            cute.arch.cluster_wait()  # the merge's second barrier (arrived in _merge_splits)
+        else:
+            self.epilogue(
+                tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,
+                out_batch,
+            )  # fmt: skip
         return q_state, kv_state
 
     @cute.jit
@@ -941,6 +973,76 @@ class FlashFwdSm90:
         if cutlass.const_expr(not self.rescale_before_pv):
             softmax.rescale(acc_o, row_scale)
         return row_scale
+
+    # ------------------------------------------------------------------ split merge
+    @cute.jit
+    def _merge_splits(
+        self, acc_o: cute.Tensor, lse: cute.Tensor, tidx: Int32, xchg: cute.Pointer
+    ) -> cutlass.Boolean:
+        """split_cluster: merge the cluster's split partials into the leader's (rank 0's)
+        registers. Every other split leaves its normalized O fragment and its rows' lse in its
+        own smem, thread-interleaved (element i of thread t at i * threads + t: conflict-free),
+        and after a cluster barrier the leader's thread t reads thread t's elements of every
+        peer through distributed shared memory, so no value crosses threads:
+            lse = log(sum_s exp(lse_s)),   out = sum_s exp(lse_s - lse) * o_s,
+        out 0 / lse -inf for a row no split saw. Arrives on the second cluster barrier (peers
+        may exit once the leader has read them); the caller waits on it. Returns whether this
+        CTA is the leader, which writes out / lse."""
+        roles = self.roles
+        o = acc_as_rows_cols(acc_o)
+        rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
+        threads = roles.num_mma_threads
+        xchg_layout = cute.make_layout((threads, rows * cols + rows), stride=(1, threads))
+        rank = cute.arch.block_idx_in_cluster()
+        # every consumer warpgroup is done with sQ / sK / sV (another may still be in its loop)
+        cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=threads)
+        if rank > 0:
+            sX = cute.make_tensor(xchg, xchg_layout)
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(cols):
+                    sX[tidx, r * cols + c] = o[r, c]
+                sX[tidx, rows * cols + r] = lse[r]
+        cute.arch.cluster_arrive()  # release: the fragments above
+        cute.arch.cluster_wait()  # acquire: every peer's fragments
+        if rank == 0:
+            splits = cute.arch.cluster_size()
+            m = cute.make_rmem_tensor(rows, Float32)
+            total = cute.make_rmem_tensor(rows, Float32)
+            for r in cutlass.range_constexpr(rows):
+                m[r] = lse[r]
+            # a peer's address of this thread's first element; element i lies 4 * threads * i
+            # bytes past it (an immediate offset of each load): O's (r, c) at i = r * cols + c,
+            # row r's lse at i = rows * cols + r
+            stride = 4 * threads
+            for peer in cutlass.range(1, splits, unroll=1):
+                base = dsmem_address(xchg, peer) + tidx * 4
+                for r in cutlass.range_constexpr(rows):
+                    m[r] = cutlass.max(m[r], load_dsmem_f32(base, stride * (rows * cols + r)))
+            for r in cutlass.range_constexpr(rows):
+                # a row no split saw: m = -inf; offset by 0 so every weight is exp(-inf) = 0
+                m[r] = cutlass.select_(m[r] == -Float32.inf, Float32(0.0), m[r])
+                w = cute.math.exp2((lse[r] - m[r]) * LOG2E, fastmath=True)
+                total[r] = w
+                for c in cutlass.range_constexpr(cols):
+                    o[r, c] = o[r, c] * w
+            for peer in cutlass.range(1, splits, unroll=1):
+                base = dsmem_address(xchg, peer) + tidx * 4
+                for r in cutlass.range_constexpr(rows):
+                    lse_p = load_dsmem_f32(base, stride * (rows * cols + r))
+                    w = cute.math.exp2((lse_p - m[r]) * LOG2E, fastmath=True)
+                    total[r] = total[r] + w
+                    for c in cutlass.range_constexpr(cols):
+                        o[r, c] = o[r, c] + w * load_dsmem_f32(base, stride * (r * cols + c))
+            for r in cutlass.range_constexpr(rows):
+                empty = total[r] == 0.0
+                inv = cute.arch.rcp_approx(Float32(cutlass.select_(empty, 1.0, total[r])))
+                inv = Float32(cutlass.select_(empty, 0.0, inv))
+                lse_r = m[r] + cute.math.log2(total[r], fastmath=True) * LN2
+                lse[r] = Float32(cutlass.select_(empty, -Float32.inf, lse_r))
+                for c in cutlass.range_constexpr(cols):
+                    o[r, c] = o[r, c] * inv
+        cute.arch.cluster_arrive()  # release: the leader's reads of the peers' smem
+        return rank == 0
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit

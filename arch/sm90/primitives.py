@@ -8,7 +8,9 @@
   consumer warp;
 * `release_after` / `arrive_after`: an mbarrier arrive (a stage's release, or an arrive on a
   barrier nobody waits on) issued only once a value is computed, which keeps ptxas from
-  hoisting a later wgmma wait above that value's math.
+  hoisting a later wgmma wait above that value's math;
+* `dsmem_address` / `load_dsmem_f32`: a cluster peer's shared memory, read by plain loads
+  (`ld.shared::cluster`; the DSL's tensors over DSMEM pointers take no element loads).
 
 Torch-free; used inside @cute.jit / @cute.kernel code only.
 """
@@ -19,7 +21,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 
@@ -111,3 +116,39 @@ def arrive_after(mbar_ptr: cute.Pointer, dep: cutlass.Float32):
 
 
 __all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline", "release_after", "arrive_after"]
+
+
+@dsl_user_op
+def dsmem_address(ptr: cute.Pointer, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """The 32-bit shared::cluster address of this CTA's smem pointer `ptr` in the shared
+    memory of cluster CTA `rank` (mapa)."""
+    local = llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [local, Int32(rank).ir_value(loc=loc, ip=ip)],
+            "mapa.shared::cluster.u32 $0, $1, $2;",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def load_dsmem_f32(address: Int32, offset: int, *, loc=None, ip=None) -> Float32:
+    """The fp32 at shared::cluster `address` + `offset` bytes (a trace-time constant, folded
+    into the instruction). Marked with side effects so that it is not moved above the cluster
+    barrier that makes the peer's writes visible."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Int32(address).ir_value(loc=loc, ip=ip)],
+            f"ld.shared::cluster.f32 $0, [$1+{int(offset)}];",
+            "=f,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )

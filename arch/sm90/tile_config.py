@@ -586,6 +586,26 @@ def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
     return max(1, min(num_sms // num_ctas, num_n_blocks // 2, 128))
 
 
+# the portable thread-block cluster size: the most splits the kernel merges in a cluster
+MAX_CLUSTER_SPLITS = 8
+
+
+def fwd_split_cluster(num_splits: int, head_dim_v: int) -> bool:
+    """Whether a split-KV forward merges its splits inside a thread-block cluster
+    (InputFeatures.split_cluster: the leader reads its peers' partials through distributed
+    shared memory and writes out / lse) rather than through fp32 partials in global memory and
+    the PDL-launched combine kernel. The kernel takes up to MAX_CLUSTER_SPLITS; the rule takes
+    two. H200, decode (one new token, 32 / 8 heads, D=128), round-robin under CUDA graphs of
+    ten calls, us per call, partials / cluster (decode_split_cluster_ab{,_b}_h200.json): B=8
+    Sk=8k 2 splits 65.1 / 63.7 and 65.4 / 64.0, B=4 Sk=16k 2 splits 90.1 / 87.9; 3 splits
+    (B=8) 70.1 / 69.7; 4 splits (B=4 Sk=16k, the split count's own pick) 65.3 / 71.9 and 65.1
+    / 71.8, and 8 splits lose too (B=1 Sk=32k: 52.1 against 36.5 for 16 split partials).
+    Clusters of 3 / 4 / 8 on the one-CTA-per-SM decode tile lose more (77.7, 94.0, 48.0).
+    Not at Dv = 256, where the merge's loads beside the 128-float O fragment make ptxas
+    spill (125 spill instructions, sm_90a; none at Dv <= 192)."""
+    return num_splits == 2 and head_dim_v <= 192
+
+
 @dataclasses.dataclass(frozen=True)
 class BwdTileConfig:
     """Static shape of one backward variant. A CTA owns tile_n keys and walks the query tiles
