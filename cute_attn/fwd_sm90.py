@@ -7,7 +7,8 @@ the per-call host cost is validation + a dict lookup + the FFI call.
 
 Entry points: `run_fwd` (dense), `run_fwd_varlen` (packed by cu_seqlens), `run_fwd_kvcache`
 (a KV cache with per-row lengths, after the host appended the new keys). All three can split
-the key range over CTAs (split-KV: fp32 partials, then the combine kernel); decode-shaped calls
+the key range over CTAs (split-KV: fp32 partials, then the combine kernel; two splits merge
+inside a thread-block cluster instead, `tile_config.fwd_split_cluster`); decode-shaped calls
 (one query row, GQA) pack the query heads of a KV head into the rows of one tile. Paged k / v
 (varlen and KV-cache entries) are read page by page by TMA when a key tile fits a page
 (`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16, 48, 64, 128, 256); other

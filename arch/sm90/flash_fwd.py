@@ -14,13 +14,16 @@ One CTA computes one (tile_m query rows, head, batch) output tile:
     stored by TMA (which clips rows past seqlen_q; packed q stores through a ragged view
     whose extent ends at each sequence's last row, `seqlen.ragged_rows`); lse (natural log)
     is written per row. Split-KV variants store their fp32 partials from registers with a
-    row predicate instead.
+    row predicate instead; with split_cluster the splits of a tile form one thread-block
+    cluster and the leader merges its peers' partials out of their smem (`_merge_splits`)
+    before that predicated store of the final out / lse.
 
 Optional inputs (`InputFeatures`, arch/common/seqlen.py; presence is static): cu_seqlens_q/k
 (packed sequences, one CTA row range each), seqused_q (rows used per packed sequence),
 seqused_k and cache_batch_idx (KV cache), page_table (paged k / v: one TMA box per key tile
 from the page that holds it), split-KV (grid z = batch x splits, each CTA an equal share of its
-key-tile range; the partials are merged by arch/common/split_combine.py). With cu_seqlens_k,
+key-tile range; the partials are merged by arch/common/split_combine.py, or with
+split_cluster inside the cluster of the tile's splits). With cu_seqlens_k,
 seqused_k or pages the V rows past a sequence inside its last key tile are zeroed in smem
 before P V. batch_order: grid z-slice z computes batch row batch_order[z] (longest first).
 
