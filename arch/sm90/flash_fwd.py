@@ -158,11 +158,19 @@ class FlashFwdSm90:
         # a persistent grid (FwdTileConfig.persistent_ctas) walks the tiles of dense inputs in a
         # static stride (under a mask in pairs of complementary work, `_persistent_tile`)
         self.persistent = cfg.persistent_ctas > 0
-        # L2 sections reorder a dense one-CTA-per-tile grid only (the inference layouts keep
-        # their grid order; a persistent grid has its own)
+        # L2 sections reorder a one-CTA-per-tile grid of dense inputs, or with
+        # l2_sections_packed of packed sequences (q and k / v by cu_seqlens, unsplit, in launch
+        # order, k / v not paged); the other inference layouts keep their grid order, a
+        # persistent grid has its own
+        packed = (
+            cfg.l2_sections_packed
+            and feats.cu_seqlens_q
+            and feats.cu_seqlens_k
+            and not (feats.split_kv or feats.batch_order or feats.paged_kv or feats.kv_batch_idx)
+        )
         self.l2_sections = (
-            cfg.lpt_l2_sections and cfg.lpt_order and self.has_right and feats == InputFeatures()
-            and not self.persistent
+            cfg.lpt_l2_sections and cfg.lpt_order and self.has_right
+            and (feats == InputFeatures() or packed) and not self.persistent
         )  # fmt: skip
         self.masked = self.has_left or self.has_right
         if self.persistent and feats != InputFeatures():
@@ -301,9 +309,11 @@ class FlashFwdSm90:
             grid = (cutlass.min(num_units, self.config.persistent_ctas), 1, 1)
         sections = None
         if cutlass.const_expr(self.l2_sections):
-            # longest first across the heads of an L2 section (their K and V fit in L2)
+            # longest first across the heads of an L2 section (their K and V fit in L2); packed
+            # sequences size a pair's K / V by the longest query length (prefill: Sk = Sq)
+            keys = max_seqlen_q if cutlass.const_expr(feats.cu_seqlens_k) else mK.shape[0]
             sections = L2Sections.create(
-                num_m_blocks, cute.size(mQ.shape[2]) * num_batch, mK.shape[0],
+                num_m_blocks, cute.size(mQ.shape[2]) * num_batch, keys,
                 (self.head_dim + self.head_dim_v) * 2, L2_BYTES_SM90,
                 self.config.l2_section_max_pairs,
             )  # fmt: skip

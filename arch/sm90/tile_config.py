@@ -61,6 +61,9 @@ class FwdTileConfig:
     lpt_l2_sections: bool = False
     # the most (head, batch) pairs an L2 section holds (a power of two <= 1024)
     l2_section_max_pairs: int = 1024
+    # with lpt_l2_sections: packed sequences (q and k / v by cu_seqlens, unsplit, unpaged) take
+    # the sections too, each (head, sequence) a pair (off: dense grids only)
+    l2_sections_packed: bool = False
     # compute every k-th exponential with FMA-pipe instructions (0 = all on the SFU)
     exp2_emu_every: int = 0
     # resident CTAs per SM (registers and smem split between them): 2 lets one CTA's prologue
@@ -513,11 +516,16 @@ def _dense_tile_config(
     # split + bits / bits / table, two runs (tune_fwd_wide_window_bits{,_b}_h200.json): 8k
     # window 1024 544.4 / 553.0 / 547.3 and 544.2 / 552.7 / 546.5, 16k window 4096 620.0 /
     # 644.7 / 636.7 and 620.2 / 644.1 / 636.1.
+    # L2 sections over packed sequences (the bench's 16 causal sequences, 58,728 tokens;
+    # round-robin, ms, table / sections, varlen_sections_ab_h200.json): D=256 (8 / 2 heads)
+    # 2.181 / 2.127; D=128 4.669 / 4.700 and D=64 3.283 / 3.362 lose (their branches keep it
+    # off), 64 short sequences at D=128 even (0.866 / 0.866). D=192 not measured: off.
     anchor = causal and not local and not decode
     return FwdTileConfig(
         tile_n=80,
         pingpong=False,
         lpt_l2_sections=True,
+        l2_sections_packed=True,
         pin_pv_wait=anchor,
         pin_pv_anchor=4 if anchor else 0,
         mask_bits=local and not decode,

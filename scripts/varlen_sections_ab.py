@@ -1,0 +1,128 @@
+"""Packed causal prefill with and without L2 sections (longest first across the heads of a
+section, FwdTileConfig.lpt_l2_sections, which the kernel now also applies to packed
+sequences), timed round-robin in one process (H200 helper, not a test).
+
+Rows: the bench's varlen row (16 packed causal sequences, 58,728 tokens, 32 query heads over
+8 KV heads) at D=128 and D=64, at D=256 with 8 / 2 heads, and 64 short sequences (256-1,024
+tokens) at D=128. Variants: the table (`sections`), sections off (`plain`: the previous
+launch order, LPT per head), and wider sections (`pairs16` / `pairs32`, at most that many
+(head, sequence) pairs a section). Every variant's outputs must be bitwise equal to the
+first's (the order only changes when a CTA runs); then CUDA events around three back-to-back
+calls, median and p95 per call, in rounds.
+
+    python3 scripts/varlen_sections_ab.py [--reps 30] [--out varlen_sections_ab_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import decode_splits as ds  # noqa: E402
+
+from cute_attn import fwd_sm90  # noqa: E402
+from cute_attn.bench import VARLEN_SEQLENS, attention_flops, environment  # noqa: E402
+from cute_attn.fwd_sm90 import run_fwd_varlen  # noqa: E402
+from cute_attn.validation import validate_varlen  # noqa: E402
+
+SHORT = tuple(random.Random(0).randrange(256, 1025) for _ in range(64))
+ROWS = {  # name: (lengths, heads, kv heads, head dim)
+    "16seq-d128": (VARLEN_SEQLENS, 32, 8, 128),
+    "16seq-d64": (VARLEN_SEQLENS, 32, 8, 64),
+    "16seq-d256": (VARLEN_SEQLENS, 8, 2, 256),
+    "64short-d128": (SHORT, 32, 8, 128),
+}
+VARIANTS = {
+    "sections": {},
+    "plain": {"lpt_l2_sections": False},
+    "pairs16": {"l2_section_max_pairs": 16},
+    "pairs32": {"l2_section_max_pairs": 32},
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = []
+    for name, (lens, h, hkv, d) in ROWS.items():
+        total = sum(lens)
+        g = torch.Generator(device="cuda").manual_seed(0)
+
+        def rnd(*shape, g=g):
+            return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+        q, k, v = rnd(total, h, d), rnd(total, hkv, d), rnd(total, hkv, d)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")  # fmt: skip
+        p = validate_varlen(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
+            max_seqlen_k=max(lens), seqused_q=None, seqused_k=None, page_table=None,
+            softmax_scale=None, causal=True, window_size=(None, None), softcap=0.0,
+            num_splits=0, pack_gqa=None, deterministic=False,
+        )  # fmt: skip
+
+        def call(q=q, k=k, v=v, p=p, cu=cu, lens=lens):
+            return run_fwd_varlen(q, k, v, p, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_k=None,
+                                  max_seqlen_q=max(lens))  # fmt: skip
+
+        # one plan per variant: bind each variant's compiled kernel while its table is in place
+        fns, first, same = {}, None, {}
+        for label, overrides in VARIANTS.items():
+            with ds._TableSwap(**overrides):
+                out = call()
+                feats = fwd_sm90.InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
+                plan = fwd_sm90._plan(p, feats, len(lens), max(lens), p.seqlen_k, False,
+                                      q.device.index)  # fmt: skip
+            fns[label] = plan
+            if first is None:
+                first = out
+            same[label] = torch.equal(out[0], first[0]) and torch.equal(out[1], first[1])
+
+        def run_plan(plan, q=q, k=k, v=v, cu=cu, h=h):
+            # what fwd_sm90._run launches for these inputs, with this plan
+            out = torch.empty((1, *q.shape), device="cuda", dtype=q.dtype)
+            lse = torch.empty((1, h, q.shape[0]), device="cuda", dtype=torch.float32)
+            plan.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out, lse, *plan.scalars,
+                    cu, cu, None, None, None, None, None)  # fmt: skip
+            return out[0]
+
+        for label, plan in fns.items():  # the bound plans run what call() ran
+            assert torch.equal(run_plan(plan), first[0]), label
+        times = {label: [] for label in fns}
+        for _ in range(3):
+            for plan in fns.values():
+                run_plan(plan)
+        for _ in range(args.reps):
+            for label, plan in fns.items():
+                s = torch.cuda.Event(enable_timing=True)
+                e = torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(3):
+                    run_plan(plan)
+                e.record()
+                e.synchronize()
+                times[label].append(s.elapsed_time(e) / 3)
+        flops = sum(attention_flops(1, h, n, n, d, d, True) for n in lens)
+        for label, t in times.items():
+            t.sort()
+            med, p95 = t[len(t) // 2], t[int(0.95 * (len(t) - 1))]
+            row = dict(row=name, variant=label, median_ms=med, p95_ms=p95,
+                       tflops=flops / med / 1e9, bitwise_equal=same[label])  # fmt: skip
+            rows.append(row)
+            print(f"{name:14s} {label:9s} {med:7.3f} ms p95 {p95:7.3f} {row['tflops']:6.1f} "
+                  f"TFLOP/s equal={same[label]}", flush=True)  # fmt: skip
+    if args.out:
+        json.dump(dict(environment=environment(torch.device("cuda")), rows=rows),
+                  open(args.out, "w"), indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
