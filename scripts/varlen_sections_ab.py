@@ -1,16 +1,17 @@
 """Packed causal prefill with and without L2 sections (longest first across the heads of a
-section, FwdTileConfig.lpt_l2_sections, which the kernel now also applies to packed
-sequences), timed round-robin in one process (H200 helper, not a test).
+section, FwdTileConfig.lpt_l2_sections, over packed sequences with
+FwdTileConfig.l2_sections_packed), timed round-robin in one process (H200 helper, not a
+test).
 
 Rows: the bench's varlen row (16 packed causal sequences, 58,728 tokens, 32 query heads over
-8 KV heads) at D=128 and D=64, at D=256 with 8 / 2 heads, and 64 short sequences (256-1,024
-tokens) at D=128. Variants: the table (`sections`), sections off (`plain`: the previous
+8 KV heads) at D=128 and D=64, at D=256 and D=192 with 8 / 2 heads, and 64 short sequences
+(256-1,024 tokens) at D=128. Variants: sections on (`sections`), off (`plain`: the previous
 launch order, LPT per head), and wider sections (`pairs16` / `pairs32`, at most that many
 (head, sequence) pairs a section). Every variant's outputs must be bitwise equal to the
-first's (the order only changes when a CTA runs); then CUDA events around three back-to-back
-calls, median and p95 per call, in rounds.
+first's (the order only changes when a CTA runs); then CUDA events around three
+back-to-back calls, median and p95 per call, in rounds.
 
-    python3 scripts/varlen_sections_ab.py [--reps 30] [--out varlen_sections_ab_h200.json]
+    python3 scripts/varlen_sections_ab.py [--reps 30] [--rows ROW ...] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ ROWS = {  # name: (lengths, heads, kv heads, head dim)
     "16seq-d128": (VARLEN_SEQLENS, 32, 8, 128),
     "16seq-d64": (VARLEN_SEQLENS, 32, 8, 64),
     "16seq-d256": (VARLEN_SEQLENS, 8, 2, 256),
+    "16seq-d192": (VARLEN_SEQLENS, 8, 2, 192),
     "64short-d128": (SHORT, 32, 8, 128),
 }
+# (the first run, varlen_sections_ab_h200.json, predates the switch: the kernel then took the
+# sections over packed sequences at every head dim, and `plain` turned lpt_l2_sections off)
 VARIANTS = {
-    "sections": {},
-    "plain": {"lpt_l2_sections": False},
-    "pairs16": {"l2_section_max_pairs": 16},
-    "pairs32": {"l2_section_max_pairs": 32},
+    "sections": {"l2_sections_packed": True},
+    "plain": {"l2_sections_packed": False},
+    "pairs16": {"l2_sections_packed": True, "l2_section_max_pairs": 16},
+    "pairs32": {"l2_sections_packed": True, "l2_section_max_pairs": 32},
 }
 
 
@@ -50,9 +54,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     args = ap.parse_args()
     rows = []
-    for name, (lens, h, hkv, d) in ROWS.items():
+    for name in args.rows:
+        lens, h, hkv, d = ROWS[name]
         total = sum(lens)
         g = torch.Generator(device="cuda").manual_seed(0)
 

@@ -115,9 +115,6 @@ def arrive_after(mbar_ptr: cute.Pointer, dep: cutlass.Float32):
             cute.arch.mbarrier_arrive(mbar_ptr)
 
 
-__all__ = ["smem_layout", "tma_tiles", "gemm", "tma_pipeline", "release_after", "arrive_after"]
-
-
 @dsl_user_op
 def dsmem_address(ptr: cute.Pointer, rank: Int32, *, loc=None, ip=None) -> Int32:
     """The 32-bit shared::cluster address of this CTA's smem pointer `ptr` in the shared
@@ -152,3 +149,15 @@ def load_dsmem_f32(address: Int32, offset: int, *, loc=None, ip=None) -> Float32
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+__all__ = [
+    "smem_layout",
+    "tma_tiles",
+    "gemm",
+    "tma_pipeline",
+    "release_after",
+    "arrive_after",
+    "dsmem_address",
+    "load_dsmem_f32",
+]
