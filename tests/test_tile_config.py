@@ -326,7 +326,7 @@ def test_fwd_l2_sections_where_measured():
     assert fwd_tile_config(64, 64, True, False).lpt_l2_sections
     assert not fwd_tile_config(64, 64, True, True).lpt_l2_sections
     assert not fwd_tile_config(64, 64, False, True).lpt_l2_sections
-    # over packed sequences at D=256 only (+2.5%; D=64 / 128 lost, D=192 not measured)
+    # over packed sequences at D=256 only (+2.5%; D=64 / 128 lost, D=192 tied)
     for d, dv in SUPPORTED_HEAD_DIMS:
         for tall in (False, True):
             cfg = fwd_tile_config(d, dv, True, False, tall=tall)

@@ -519,7 +519,9 @@ def _dense_tile_config(
     # L2 sections over packed sequences (the bench's 16 causal sequences, 58,728 tokens;
     # round-robin, ms, table / sections, varlen_sections_ab_h200.json): D=256 (8 / 2 heads)
     # 2.181 / 2.127; D=128 4.669 / 4.700 and D=64 3.283 / 3.362 lose (their branches keep it
-    # off), 64 short sequences at D=128 even (0.866 / 0.866). D=192 not measured: off.
+    # off), 64 short sequences at D=128 even (0.866 / 0.866). Again on another machine
+    # (varlen_sections_ab_b_h200.json): D=256 2.210 / 2.154; D=192 1.674 / 1.671, within the
+    # noise: off there.
     anchor = causal and not local and not decode
     return FwdTileConfig(
         tile_n=80,
