@@ -28,7 +28,7 @@ import decode_splits as ds  # noqa: E402
 
 import cute_attn  # noqa: E402
 from cute_attn import fwd_sm90  # noqa: E402
-from cute_attn.bench import capture_graph, environment, median_p95  # noqa: E402
+from cute_attn.bench import environment  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
 THREE_STAGE = dict(tile_n=128, num_stages=3, ctas_per_sm=1)
@@ -112,30 +112,9 @@ def main():
                     return cute_attn.flash_attn_func(q, k, v, num_splits=n)[0]
 
                 err = float((fn().float() - ref).abs().max())
-                one, _ = capture_graph(fn, warmup=3)
-                ten, _ = capture_graph(lambda fn=fn: [fn() for _ in range(10)], warmup=3)
+                one, ten = ds.one_and_ten_graphs(fn)
             graphs[label] = (one, ten, err, n)
-        times = {(label, inner): [] for label in graphs for inner in (1, 10)}
-        for _ in range(ROUNDS):
-            for label, (one, ten, _, _) in graphs.items():
-                for inner, graph in ((1, one), (10, ten)):
-                    s = torch.cuda.Event(enable_timing=True)
-                    e = torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    graph.replay()
-                    e.record()
-                    e.synchronize()
-                    times[(label, inner)].append(s.elapsed_time(e) / inner)
-        for (label, inner), t in times.items():
-            med, p95 = median_p95(t)
-            _, _, err, n = graphs[label]
-            row = dict(row=name, variant=label, splits=n, inner=inner, median_us=med * 1e3,
-                       p95_us=p95 * 1e3, tbps=2 * k.numel() * 2 / (med * 1e-3) / 1e12,
-                       err=err)  # fmt: skip
-            out.append(row)
-            print(f"{name} {label:16s} splits {n:3d} inner {inner:2d} {row['median_us']:7.1f} us "
-                  f"p95 {row['p95_us']:7.1f} {row['tbps']:.2f} TB/s err {err:.2e}",
-                  flush=True)  # fmt: skip
+        out += ds.graph_rounds(name, graphs, 2 * k.numel() * 2, ROUNDS, width=16)
     path = os.path.join(os.environ.get("OUT", "."), f"decode_split_cluster_ab{SUFFIX}_h200.json")
     with open(path, "w") as f:
         json.dump({"environment": environment(torch.device("cuda")), "rows": out}, f, indent=1)

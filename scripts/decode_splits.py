@@ -64,6 +64,42 @@ def _graph_ms(fn, reps: int, inner: int = INNER) -> tuple[float, float]:
     return median_p95(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
 
 
+def one_and_ten_graphs(fn):
+    """CUDA graphs of one call of fn and of ten back-to-back calls (the A/B scripts' pair)."""
+    one, _ = capture_graph(fn, warmup=3)
+    ten, _ = capture_graph(lambda: [fn() for _ in range(10)], warmup=3)
+    return one, ten
+
+
+def graph_rounds(name: str, graphs: dict, kv_bytes: int, rounds: int, width: int = 7) -> list:
+    """Replay every variant's graphs once a round (`graphs`: label -> (one-call graph, ten-call
+    graph, max |err|, splits)), `rounds` rounds, CUDA events per replay, so that clock drift
+    hits every variant alike; print and return one row per (variant, calls per graph) with
+    the median / p95 us per call and the TB/s of `kv_bytes` (K + V read)."""
+    times = {(label, inner): [] for label in graphs for inner in (1, 10)}
+    for _ in range(rounds):
+        for label, (one, ten, _, _) in graphs.items():
+            for inner, graph in ((1, one), (10, ten)):
+                s = torch.cuda.Event(enable_timing=True)
+                e = torch.cuda.Event(enable_timing=True)
+                s.record()
+                graph.replay()
+                e.record()
+                e.synchronize()
+                times[(label, inner)].append(s.elapsed_time(e) / inner)
+    rows = []
+    for (label, inner), t in times.items():
+        med, p95 = median_p95(t)
+        _, _, err, n = graphs[label]
+        row = dict(row=name, variant=label, splits=n, inner=inner, median_us=med * 1e3,
+                   p95_us=p95 * 1e3, tbps=kv_bytes / (med * 1e-3) / 1e12, err=err)  # fmt: skip
+        rows.append(row)
+        print(f"{name} {label:{width}s} splits {n:3d} inner {inner:2d} {row['median_us']:7.1f} us "
+              f"p95 {row['p95_us']:7.1f} {row['tbps']:.2f} TB/s err {err:.2e}",
+              flush=True)  # fmt: skip
+    return rows
+
+
 def _clear_memo():
     """Drop the dense entry's memo: a memo hit reuses the launcher (and its plan: kernel and
     combine) bound at the first call of that signature, so a swap that leaves it in place

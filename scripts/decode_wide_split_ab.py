@@ -25,7 +25,6 @@ import decode_splits as ds  # noqa: E402
 
 import cute_attn  # noqa: E402
 from cute_attn import fwd_sm90  # noqa: E402
-from cute_attn.bench import capture_graph, median_p95  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
 ROWS = {"b1-32k": (1, 32768), "b8-8k": (8, 8192)}
@@ -55,30 +54,9 @@ def main():
                     return cute_attn.flash_attn_func(q, k, v, num_splits=n)[0]
 
                 err = float((fn().float() - ref).abs().max())
-                one, _ = capture_graph(fn, warmup=3)
-                ten, _ = capture_graph(lambda fn=fn: [fn() for _ in range(10)], warmup=3)
+                one, ten = ds.one_and_ten_graphs(fn)
             graphs[label] = (one, ten, err, n)
-        times = {(label, inner): [] for label in variants for inner in (1, 10)}
-        for _ in range(ROUNDS):
-            for label, (one, ten, _, _) in graphs.items():
-                for inner, graph in ((1, one), (10, ten)):
-                    s = torch.cuda.Event(enable_timing=True)
-                    e = torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    graph.replay()
-                    e.record()
-                    e.synchronize()
-                    times[(label, inner)].append(s.elapsed_time(e) / inner)
-        for (label, inner), t in times.items():
-            med, p95 = median_p95(t)
-            _, _, err, n = graphs[label]
-            row = dict(row=name, variant=label, splits=n, inner=inner, median_us=med * 1e3,
-                       p95_us=p95 * 1e3, tbps=2 * k.numel() * 2 / (med * 1e-3) / 1e12,
-                       err=err)  # fmt: skip
-            out.append(row)
-            print(f"{name} {label:7s} splits {n:3d} inner {inner:2d} {row['median_us']:7.1f} us "
-                  f"p95 {row['p95_us']:7.1f} {row['tbps']:.2f} TB/s err {err:.2e}",
-                  flush=True)  # fmt: skip
+        out += ds.graph_rounds(name, graphs, 2 * k.numel() * 2, ROUNDS)
     path = os.path.join(os.environ.get("OUT", "."), "decode_wide_split_ab_s35_h200.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

@@ -22,12 +22,9 @@ from cute_attn.fwd_sm90 import run_fwd_varlen
 from cute_attn.validation import validate_varlen
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    lens, h, hkv, d = VARLEN_SEQLENS, 32, 8, 128
+def packed_causal(lens, h: int, hkv: int, d: int):
+    """(q, k, v, cu_seqlens, problem): random bf16 packed sequences of `lens` (Sk = Sq per
+    sequence), h query heads over hkv KV heads, head dim d, validated as a causal call."""
     total = sum(lens)
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -43,6 +40,16 @@ def main():
         softmax_scale=None, causal=True, window_size=(None, None), softcap=0.0, num_splits=0,
         pack_gqa=None, deterministic=False,
     )  # fmt: skip
+    return q, k, v, cu, p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    lens, h, hkv, d = VARLEN_SEQLENS, 32, 8, 128
+    q, k, v, cu, p = packed_causal(lens, h, hkv, d)
 
     def call(ordered):
         return run_fwd_varlen(q, k, v, p, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_k=None,

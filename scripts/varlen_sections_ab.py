@@ -26,11 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import decode_splits as ds  # noqa: E402
+from varlen_order import packed_causal  # noqa: E402
 
 from cute_attn import fwd_sm90  # noqa: E402
 from cute_attn.bench import VARLEN_SEQLENS, attention_flops, environment  # noqa: E402
 from cute_attn.fwd_sm90 import run_fwd_varlen  # noqa: E402
-from cute_attn.validation import validate_varlen  # noqa: E402
 
 SHORT = tuple(random.Random(0).randrange(256, 1025) for _ in range(64))
 ROWS = {  # name: (lengths, heads, kv heads, head dim)
@@ -59,21 +59,7 @@ def main():
     rows = []
     for name in args.rows:
         lens, h, hkv, d = ROWS[name]
-        total = sum(lens)
-        g = torch.Generator(device="cuda").manual_seed(0)
-
-        def rnd(*shape, g=g):
-            return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
-
-        q, k, v = rnd(total, h, d), rnd(total, hkv, d), rnd(total, hkv, d)
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")  # fmt: skip
-        p = validate_varlen(
-            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
-            max_seqlen_k=max(lens), seqused_q=None, seqused_k=None, page_table=None,
-            softmax_scale=None, causal=True, window_size=(None, None), softcap=0.0,
-            num_splits=0, pack_gqa=None, deterministic=False,
-        )  # fmt: skip
+        q, k, v, cu, p = packed_causal(lens, h, hkv, d)
 
         def call(q=q, k=k, v=v, p=p, cu=cu, lens=lens):
             return run_fwd_varlen(q, k, v, p, cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_k=None,
