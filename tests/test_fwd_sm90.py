@@ -426,22 +426,39 @@ os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
 from cute_attn.arch.sm90.tile_config import fwd_tile_config
+
+def inf_tests(sass):
+    # per main-loop window (as mask_windows): the compares against -inf (the row max guards)
+    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", sass)
+    out, n = [], None
+    for op, rest in ops:
+        if op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x1"):
+            n = 0
+        elif op == "WARPGROUP.DEPBAR.LE" and n is not None:
+            out.append(n); n = None
+        elif n is not None and op.startswith("FSETP") and "-INF" in rest:
+            n += 1
+    return out
+
 out = {}
 for causal, split in ((True, True), (True, False), (False, True)):
     # the one-loop variant with the compare form of the mask (mask_bits off) as well
-    cfg = dataclasses.replace(fwd_tile_config(128, 128, causal, False), split_mask_loops=split,
-                              mask_bits=split)  # fmt: skip
+    table = fwd_tile_config(128, 128, causal, False)
+    cfg = dataclasses.replace(
+        table, split_mask_loops=split, mask_bits=split,
+        unguarded_visible_max=split and table.unguarded_visible_max,
+    )
     spec = FwdSpec("bfloat16", 128, 128, 8, 8, False, causal, False, cfg)
     fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
     # one window per main-loop body (the peeled first tile waits with gsb0 <= 0 only)
     sass = _sass(fn.__cubin__)
     windows = mask_windows(sass)
-    table = cfg == fwd_tile_config(128, 128, causal, False)
+    table = cfg == table
     # integer divisions (I2F.RP / MUFU.RCP / F2I) before the first Q load
     head = sass[: sass.index("UTMALDG")]
     divisions = sum(head.count(op) for op in ("I2F", "MUFU.RCP", "F2I"))
     out[f"{causal},{split}"] = {"windows": windows, "table": table, "divisions": divisions,
-                                "r2p": sass.count("R2P")}  # fmt: skip
+                                "r2p": sass.count("R2P"), "guards": inf_tests(sass)}  # fmt: skip
 print(json.dumps(out))
 """
 
@@ -463,6 +480,11 @@ def test_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     # mask_bits: the edge tiles' keep bits reach the predicates through R2P (7 at a time),
     # where the compare form has one or two ISETP an element and no R2P
     assert on["r2p"] >= 8 and off["r2p"] == 0, r
+    # unguarded_visible_max (the causal table variant): the mask-free loop compares nothing
+    # with -inf; the edge loop keeps the row max guards, and so does the unmasked variant,
+    # whose table entry leaves the switch off
+    assert on["guards"][on["windows"].index(0)] == 0, r
+    assert on["guards"][1 - on["windows"].index(0)] > 0 and plain["guards"][0] > 0, r
 
 
 _PV_WAIT_SNIPPET = r"""

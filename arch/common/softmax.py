@@ -99,8 +99,15 @@ class OnlineSoftmax(DslStruct):
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_s: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
-        """Turn scores `acc_s` into probabilities in place; return the per-row O rescale."""
+    def step(
+        self,
+        acc_s: cute.Tensor,
+        is_first: cutlass.Constexpr[bool],
+        visible: cutlass.Constexpr[bool] = False,
+    ) -> cute.Tensor:
+        """Turn scores `acc_s` into probabilities in place; return the per-row O rescale.
+        `visible`: every score of the tile is finite (a tile the caller proved fully
+        visible), so no -inf guard on the maxes (`_new_max`)."""
         s = acc_as_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
         m_scaled = cute.make_rmem_tensor(self.num_rows, Float32)
@@ -109,7 +116,7 @@ class OnlineSoftmax(DslStruct):
         tile_maxes = [self._tile_max(s, r) for r in range(self.num_rows)] if maxes_first else []
         for r in cutlass.range_constexpr(self.num_rows):
             tile_max = tile_maxes[r] if maxes_first else self._tile_max(s, r)
-            self._new_max(r, tile_max, row_scale, m_scaled, is_first)
+            self._new_max(r, tile_max, row_scale, m_scaled, is_first, visible)
             m_row = m_scaled[r]
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 self._exp(s, r, c, m_row)
@@ -117,12 +124,18 @@ class OnlineSoftmax(DslStruct):
         return row_scale
 
     @cute.jit
-    def step_head(self, acc_s: cute.Tensor, k: cutlass.Constexpr[int]):
+    def step_head(
+        self,
+        acc_s: cute.Tensor,
+        k: cutlass.Constexpr[int],
+        visible: cutlass.Constexpr[bool] = False,
+    ):
         """First part of a non-first `step` whose O rescale runs inside the exponentials
         (FwdTileConfig.interleave_rescale): the row maxes (all of them with row_max_form 2,
         else those of the rows the first k probabilities touch), the row scales and the
         thread's first `k` probabilities in row order. Returns (row_scale, m_scaled) for
-        `step_tail`. Between the two the caller waits for the P V GEMM that writes acc_o."""
+        `step_tail`. Between the two the caller waits for the P V GEMM that writes acc_o.
+        `visible` as in `step` (pass the same to `step_tail`)."""
         s = acc_as_rows_cols(acc_s)
         cols = cute.size(s, mode=[1])
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
@@ -130,7 +143,7 @@ class OnlineSoftmax(DslStruct):
         max_rows = self.num_rows if self.row_max_form == 2 else -(-k // cols)
         tile_maxes = [self._tile_max(s, r) for r in range(max_rows)]
         for r in cutlass.range_constexpr(max_rows):
-            self._new_max(r, tile_maxes[r], row_scale, m_scaled, False)
+            self._new_max(r, tile_maxes[r], row_scale, m_scaled, False, visible)
             self._tie_to_scale(r, row_scale, m_scaled)
         m_rows = [m_scaled[r] for r in range(max_rows)]
         for i in cutlass.range_constexpr(k):
@@ -147,6 +160,7 @@ class OnlineSoftmax(DslStruct):
         row_scale: cute.Tensor,
         m_scaled: cute.Tensor,
         k: cutlass.Constexpr[int],
+        visible: cutlass.Constexpr[bool] = False,
     ):
         """The rest of `step_head`'s step: the remaining probabilities, row maxes and row sums,
         with the O rescale's multiplies spread over the exponentials in program order. With
@@ -159,7 +173,7 @@ class OnlineSoftmax(DslStruct):
         ocols = cute.size(o, mode=[1])
         for r in cutlass.range_constexpr(self.num_rows):
             if cutlass.const_expr(self.row_max_form != 2 and r * cols >= k):
-                self._new_max(r, self._tile_max(s, r), row_scale, m_scaled, False)
+                self._new_max(r, self._tile_max(s, r), row_scale, m_scaled, False, visible)
                 self._tie_to_scale(r, row_scale, m_scaled)
             c0 = max(k - r * cols, 0)  # this row's first probability left to compute
             # O multiplies due after each remaining exponential (all up front for a row the
@@ -185,9 +199,15 @@ class OnlineSoftmax(DslStruct):
         row_scale: cute.Tensor,
         m_scaled: cute.Tensor,
         is_first: cutlass.Constexpr[bool],
+        visible: cutlass.Constexpr[bool] = False,
     ):
         """Row r's new running max from its tile max; its O / l rescale into row_scale[r] and
-        the max in exponent units (0 for a row with no visible key yet) into m_scaled[r]."""
+        the max in exponent units (0 for a row with no visible key yet) into m_scaled[r].
+
+        `visible`: tile_max is finite (every key of the tile visible to the row), so m_new is
+        too and the three -inf guards go (six compares and selects a tile for a thread's
+        two rows): with m_old = -inf the scale is exp2(-inf) = 0 by itself, which zeroes an
+        l and acc that are 0 already (scale_log2 > 0: validation keeps softmax_scale > 0)."""
         m_old = self.row_max[r]
         m_new = cute.arch.fmax(m_old, tile_max)
         if cutlass.const_expr(is_first):
@@ -198,13 +218,19 @@ class OnlineSoftmax(DslStruct):
                 # keep the old max while the growth is small (and the old max is finite)
                 keep = (m_new - m_old) * self.scale_log2 <= self.rescale_threshold
                 m_new = m_old if keep else m_new
-            m_cur_safe = Float32(cutlass.select_(m_new == -Float32.inf, 0.0, m_new))
-            scale = cute.math.exp2((m_old - m_cur_safe) * self.scale_log2, fastmath=True)
-            # m_old = -inf: nothing accumulated yet (exp2(-inf) is 0 already; the select
-            # keeps NaN out when m_new is -inf too)
-            row_scale[r] = Float32(cutlass.select_(m_old == -Float32.inf, 0.0, scale))
+            if cutlass.const_expr(visible):
+                row_scale[r] = cute.math.exp2((m_old - m_new) * self.scale_log2, fastmath=True)
+            else:
+                m_cur_safe = Float32(cutlass.select_(m_new == -Float32.inf, 0.0, m_new))
+                scale = cute.math.exp2((m_old - m_cur_safe) * self.scale_log2, fastmath=True)
+                # m_old = -inf: nothing accumulated yet (exp2(-inf) is 0 already; the select
+                # keeps NaN out when m_new is -inf too)
+                row_scale[r] = Float32(cutlass.select_(m_old == -Float32.inf, 0.0, scale))
         self.row_max[r] = m_new
-        m_scaled[r] = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
+        if cutlass.const_expr(visible):
+            m_scaled[r] = m_new * self.scale_log2
+        else:
+            m_scaled[r] = (m_new if m_new != -Float32.inf else Float32(0.0)) * self.scale_log2
 
     @cute.jit
     def _tie_to_scale(

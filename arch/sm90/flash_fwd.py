@@ -937,18 +937,20 @@ class FlashFwdSm90:
             if cutlass.const_expr(test_mask):
                 if mask.tile_needs_mask(m_block, n_block):
                     mask.apply(acc_s, tScS, m_block, n_block)
+            # a tile of the fully visible loop has a finite max in every row
+            visible = not test_mask and self.config.unguarded_visible_max
             if cutlass.const_expr(self.config.interleave_rescale):
                 # the anchor's probabilities, the P V wait, then the rest of the softmax with
                 # O's rescale inside it (FwdTileConfig.interleave_rescale)
                 k = self.config.pin_pv_anchor
-                row_scale, m_scaled = softmax.step_head(acc_s, k)
+                row_scale, m_scaled = softmax.step_head(acc_s, k, visible)
                 arrive_after(anchor, self._anchor_dep(acc_s, softmax))
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
-                softmax.step_tail(acc_s, acc_o, row_scale, m_scaled, k)
+                softmax.step_tail(acc_s, acc_o, row_scale, m_scaled, k, visible)
             else:
                 row_scale = self._softmax_then_pv_wait(
-                    acc_s, acc_o, softmax, pipe_k, pipe_v, kv_state, v_state, anchor
+                    acc_s, acc_o, softmax, pipe_k, pipe_v, kv_state, v_state, anchor, visible
                 )
             if cutlass.const_expr(self.rescale_before_pv):
                 pending_scale.store(row_scale.load())
@@ -968,11 +970,13 @@ class FlashFwdSm90:
         kv_state: pipeline.PipelineState,
         v_state: pipeline.PipelineState,
         anchor: cute.Pointer,
+        visible: cutlass.Constexpr[bool],
     ) -> cute.Tensor:
         """softmax(j) in one piece, the P(j-1) V(j-1) wait after it in program order (ptxas
         hoists the wait up to the pin's arrive, or to K(j)'s release without a pin), then O's
-        rescale unless rescale_before_pv defers it. Returns the row scale."""
-        row_scale = softmax.step(acc_s, is_first=False)
+        rescale unless rescale_before_pv defers it. Returns the row scale. `visible`: a tile
+        of the fully visible loop (OnlineSoftmax.step)."""
+        row_scale = softmax.step(acc_s, is_first=False, visible=visible)
         if cutlass.const_expr(self.config.intra_wg_overlap):
             if cutlass.const_expr(self.config.pin_pv_wait):
                 # keeps the P V wait below (part of) the softmax: ptxas hoists a wgmma wait

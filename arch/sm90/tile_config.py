@@ -46,6 +46,9 @@ class FwdTileConfig:
     # run the fully visible key tiles as a loop of their own, without mask code or a per-tile
     # test (the edge tiles that may need a mask keep the test); off: one loop testing each tile
     split_mask_loops: bool = False
+    # with split_mask_loops: the fully visible loop's softmax drops the row max's -inf guards
+    # (three compares and selects a row a tile; every row of those tiles has a finite max)
+    unguarded_visible_max: bool = False
     # mask a row's elements through a bitmask of its visible columns (TileMask.apply,
     # `bits`): per row one shift builds 32 elements' keep bits, which ptxas moves into
     # predicates (R2P), instead of one or two compares an element
@@ -109,6 +112,8 @@ class FwdTileConfig:
                 "interleave_rescale splits the softmax at the P V anchor: needs pin_pv_anchor > 0"
                 " and rescale_before_pv off"
             )
+        if self.unguarded_visible_max and not self.split_mask_loops:
+            raise ValueError("unguarded_visible_max acts on split_mask_loops' visible loop")
         if self.row_max_form not in (0, 1, 2):
             raise ValueError(f"row_max_form {self.row_max_form} must be 0, 1 or 2")
         m = self.l2_section_max_pairs
@@ -363,12 +368,17 @@ def _dense_tile_config(
         # (tune_fwd_interleave_h200.json) and 493.4 / 501.7 (40 reps,
         # tune_fwd_interleave_d64_16kc_h200.json). Off without a mask: 16k 546 / 537, 4k 508 /
         # 501 (same first file); windows not measured: off.
+        # unguarded_visible_max under the causal mask (thirty-seventh session; round-robin,
+        # TFLOP/s, guarded / unguarded, tune_fwd_unguarded{,_b}_h200.json): 16k causal 506.5 /
+        # 512.1 and 506.6 / 511.9. Off without a mask, where ptxas schedules the loop worse
+        # for 8 fewer instructions: 16k 544.8 / 516.4, 4k 506.3 / 484.4; windows not measured.
         return FwdTileConfig(
             tile_m=192,
             num_mma_warpgroups=3,
             pingpong=True,
             lpt_l2_sections=True,
             split_mask_loops=True,
+            unguarded_visible_max=causal and not local,
             pin_pv_wait=True,
             pin_pv_anchor=4,
             row_max_form=2,
@@ -405,6 +415,8 @@ def _dense_tile_config(
         # persistent grid in the library, which has no sections). On with the in-kernel
         # coordinates they were even at 4k (408 / 408, tune_fwd_l2fast_h200.json). Windows
         # not measured: off.
+        # unguarded_visible_max (guarded / unguarded, tune_fwd_unguarded{,_b}_h200.json): 4k
+        # causal 446.2 / 437.5 and 403.5 / 409.8, no consistent sign: off.
         return FwdTileConfig(
             tile_m=64,
             num_mma_warpgroups=1,
@@ -454,9 +466,14 @@ def _dense_tile_config(
         # interleave_rescale (tune_fwd_interleave_h200.json, off / on): 16k 672 / 665, 16k
         # causal 646 / 643, 4k 651 / 648, 4k causal 605 / 605, 1k causal 438 / 445; D=96 4k
         # causal 533 / 527: off.
+        # unguarded_visible_max under the causal mask (round-robin, TFLOP/s, guarded /
+        # unguarded, tune_fwd_unguarded{,_b}_h200.json): 16k causal 639.7 / 649.3, 4k causal
+        # 598.1 / 600.0 and 556.6 / 562.3; D=96 4k causal 548.2 / 547.2 (even). Without a mask
+        # 4k 643.3 / 648.2 but 16k 663.9 / 659.1: off there; windows not measured.
         return FwdTileConfig(
             tile_n=128,
             split_mask_loops=True,
+            unguarded_visible_max=causal and not local,
             pin_pv_wait=True,
             pin_pv_anchor=4,
             lpt_l2_sections=True,
