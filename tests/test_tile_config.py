@@ -40,11 +40,11 @@ PLAIN = AttnProblem(
 def test_fills_tall_tiles(sq, tall):
     # >= 2048 rows, padded to 192 by at most 4% more than to 128 (2500: 2688 vs 2560 rows)
     assert fills_tall_tiles(sq) is tall
-    # under the causal mask (a right bound) from 5k rows (4k causal measured a loss); with a
-    # left window bound from 16k rows (at 8k it lost) and only for windows >= 4096 keys wide
-    # or open on the right (narrow windows lost at 16k)
-    assert fills_tall_tiles(sq, -1, 0) is (tall and sq >= 5120)
-    assert fills_tall_tiles(sq, -1, 37) is (tall and sq >= 5120)
+    # under the causal mask (a right bound) from 4k rows (3k not measured); with a left
+    # window bound from 16k rows (at 8k it lost) and only for windows >= 4096 keys wide or
+    # open on the right (narrow windows lost at 16k)
+    assert fills_tall_tiles(sq, -1, 0) is (tall and sq >= 4096)
+    assert fills_tall_tiles(sq, -1, 37) is (tall and sq >= 4096)
     for left, right in ((4096, 0), (4000, 96), (100, -1), (0, 1 << 20)):
         assert fills_tall_tiles(sq, left, right) is (tall and sq >= 16384)
     for left, right in ((4095, 0), (2048, 0), (37, 11), (0, 0), (511, 1)):
@@ -213,7 +213,8 @@ def test_tall_rows_only_for_dense_query_rows():
     assert not tall_rows(PLAIN, dense, False, 1024)
     assert tall_rows(PLAIN, InputFeatures(seqused_k=True, split_kv=True), False, 4096)
     causal = dataclasses.replace(PLAIN, causal=True, window_right=0)
-    assert not tall_rows(causal, dense, False, 4096)
+    assert not tall_rows(causal, dense, False, 3072)
+    assert tall_rows(causal, dense, False, 4096)
     assert tall_rows(causal, dense, False, 16384)
     window = dataclasses.replace(PLAIN, window_left=100)
     assert not tall_rows(window, dense, False, 4096)

@@ -148,14 +148,17 @@ def fills_tall_tiles(seqlen_q: int, window_left: int = -1, window_right: int = -
 
     No mask: >= 2048 rows (+2% at 4k, +6.5% at 16k; tune_d64_tiles_h200.json).
 
-    A right bound only (the causal corner): >= 5120 rows. The 64-row two-CTA tile / the
+    A right bound only (the causal corner): >= 4096 rows. The 64-row two-CTA tile / the
     192-row tile of today's table (round-robin, TFLOP/s): 2k 392.3 / 336.6, 4k 420.5 / 413.6,
     8k 443.6 / 473.4 (tune_fwd_d64_tall_mid_causal_h200.json); 6k 431.0 / 457.8, 8k 439.8 /
     470.8 (tune_fwd_d64_tall_6k8k_causal_h200.json); 16k 461.4 / 491.8
     (tune_fwd_d64_tall_persistent_causal_h200.json); 4k 412.3 / 405.8, 5k 422.2 / 435.4, 6k
     428.3 / 454.0 (tune_fwd_d64_tall_5k_causal_h200.json). 4.5k not measured. With the
     section sizes from the host (thirty-third session): 2k 401.8 / 341.3, 4k 420.7 / 418.8
-    (tune_fwd_d64_tall_l2_host_h200.json): the threshold stays.
+    (tune_fwd_d64_tall_l2_host_h200.json): the threshold stayed at 5k then. Once the
+    192-row tile's causal loop lost its row max guards (unguarded_visible_max, thirty-seventh
+    session), 4k twice: 418.1 / 420.7 (tune_fwd_edges_tall_h200.json) and 430.5 / 434.9
+    (tune_fwd_d64_tall_4k_causal_s37_h200.json, 40 reps): from 4k rows since.
 
     A left bound: >= 16384 rows and a window at least TALL_MIN_WINDOW_D64 keys wide (or open
     on the right). A CTA's work is the window's, not the query length's; window (w, 0), same
@@ -167,7 +170,7 @@ def fills_tall_tiles(seqlen_q: int, window_left: int = -1, window_right: int = -
         wide = window_right < 0 or window_left + window_right >= TALL_MIN_WINDOW_D64
         if seqlen_q < 16384 or not wide:
             return False
-    elif seqlen_q < (5120 if window_right >= 0 else 2048):
+    elif seqlen_q < (4096 if window_right >= 0 else 2048):
         return False
     return -(-seqlen_q // 192) * 192 <= 1.04 * (-(-seqlen_q // 128) * 128)
 
