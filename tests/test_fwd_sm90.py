@@ -112,7 +112,7 @@ def test_fwd_tall_d64(dtype, sq, sk):
 @pytest.mark.parametrize("mode", ["causal", "window", "softcap"])
 def test_fwd_tall_d64_masked(sq, sk, mode):
     # under a mask the tall variant starts at 16k rows with a sliding window of >= 4096 keys,
-    # at 5k without one
+    # at 4k without one
     kw = {"window_size": (4000, 101)} if mode == "window" else mode_kwargs(mode)
     _check_tall(1, sq, sk, 2, 1, torch.bfloat16, **kw)
 
@@ -124,6 +124,19 @@ def test_fwd_tall_d64_masked(sq, sk, mode):
 def test_fwd_tall_d64_causal_mid(sq, sk):
     # the causal mask takes the tall variant from 4k rows
     _check_tall(1, sq, sk, 2, 1, torch.bfloat16, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,sq,sk", [(128, 300, 427), (96, 300, 427), (64, 4096, 4223)])
+def test_fwd_row_unseen_until_the_visible_loop(d, sq, sk):
+    # Sk - Sq = 127 under the causal mask: query tile 0's first row sees keys 0..127 only, so
+    # no key of the tiles run before key tile 0 (the peeled first tile and the edge loop),
+    # and it enters the mask-free loop, whose max is unguarded (unguarded_visible_max), with
+    # m = -inf: its rescale must come out 0 from exp2(-inf) alone (D=64: the 192-row tile)
+    if d == 64:
+        _check_tall(1, sq, sk, 2, 1, torch.bfloat16, causal=True)
+    else:
+        _check(*attn_inputs(2, sq, sk, 6, 2, d, d, torch.bfloat16), causal=True)
 
 
 @pytest.mark.gpu
