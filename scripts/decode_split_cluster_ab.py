@@ -29,7 +29,6 @@ import decode_splits as ds  # noqa: E402
 import cute_attn  # noqa: E402
 from cute_attn import fwd_sm90  # noqa: E402
 from cute_attn.bench import environment  # noqa: E402
-from cute_attn.reference import attention_ref  # noqa: E402
 
 THREE_STAGE = dict(tile_n=128, num_stages=3, ctas_per_sm=1)
 # name: (batch, seqlen_k, [(label, splits or None for the table's, cluster, tile overrides)])
@@ -96,13 +95,7 @@ def main():
     out = []
     for name, (b, sk, variants) in ROWS.items():
         torch.manual_seed(0)
-        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-        ref = attention_ref(q, k, v, compute_dtype=torch.float32)[0]
-        table = fwd_sm90._num_splits(
-            0, 128, 128, False, False, True, 0, b, 4, 8, sk, fwd_sm90._num_sms(None)
-        )
+        q, k, v, ref, table = ds.decode_inputs(b, sk)
         graphs = {}
         for label, splits, cluster, overrides in variants:
             n = splits or table

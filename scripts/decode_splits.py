@@ -100,6 +100,20 @@ def graph_rounds(name: str, graphs: dict, kv_bytes: int, rounds: int, width: int
     return rows
 
 
+def decode_inputs(b: int, sk: int, h: int = 32, hkv: int = 8, d: int = 128):
+    """One decode row: q (B, 1, H, D) and k / v (B, Sk, Hkv, D) in bf16 from torch's current
+    seed, the fp32 reference output, and the split count the table takes for the row (as
+    fwd_sm90._plan computes it)."""
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    ref = attention_ref(q, k, v, compute_dtype=torch.float32)[0]
+    table = fwd_sm90._num_splits(
+        0, d, d, False, False, True, 0, b, h // hkv, hkv, sk, fwd_sm90._num_sms(None)
+    )
+    return q, k, v, ref, table
+
+
 def _clear_memo():
     """Drop the dense entry's memo: a memo hit reuses the launcher (and its plan: kernel and
     combine) bound at the first call of that signature, so a swap that leaves it in place
@@ -184,7 +198,7 @@ def main():
     ap.add_argument("--out", default="decode_splits.json")
     args = ap.parse_args()
     torch.manual_seed(0)
-    dt, h, hkv, d = torch.bfloat16, 32, 8, 128
+    h, hkv, d = 32, 8, 128
     combines = {
         "unroll8": compile_split_combine("bfloat16", d, use_pdl=False),
         "serial": compile_split_combine("bfloat16", d, split_unroll=1, use_pdl=False),
@@ -195,15 +209,9 @@ def main():
     results = []
     for name in args.rows.split(","):
         b, sk, sweep = ROWS[name]
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
-        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
-        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
-        tensors = (q, k, v, attention_ref(q, k, v, compute_dtype=torch.float32)[0])
+        # table_splits: the table's split count for this row, for the A/B
+        *tensors, table_splits = decode_inputs(b, sk, h, hkv, d)
         _measure(results, name, tensors, "library", 0, args.reps)
-        # the table's split count for this row (as fwd_sm90._plan computes it), for the A/B
-        table_splits = fwd_sm90._num_splits(
-            0, d, d, False, False, True, 0, b, h // hkv, hkv, sk, fwd_sm90._num_sms(None)
-        )
         # one call per graph replay (the bench's --graph method) instead of INNER
         _measure(results, name, tensors, "inner1", 0, args.reps, inner=1)
         if table_splits > 1:

@@ -24,8 +24,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import decode_splits as ds  # noqa: E402
 
 import cute_attn  # noqa: E402
-from cute_attn import fwd_sm90  # noqa: E402
-from cute_attn.reference import attention_ref  # noqa: E402
 
 ROWS = {"b1-32k": (1, 32768), "b8-8k": (8, 8192)}
 THREE_STAGE = dict(tile_n=128, num_stages=3, ctas_per_sm=1)
@@ -37,13 +35,7 @@ def main():
     out = []
     for name, (b, sk) in ROWS.items():
         torch.manual_seed(0)
-        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-        ref = attention_ref(q, k, v, compute_dtype=torch.float32)[0]
-        splits = fwd_sm90._num_splits(
-            0, 128, 128, False, False, True, 0, b, 4, 8, sk, fwd_sm90._num_sms(None)
-        )
+        q, k, v, ref, splits = ds.decode_inputs(b, sk)
         variants = {"table": (THREE_STAGE, splits), "wide": (TWO_CTA, splits),
                     "wide2x": (TWO_CTA, 2 * splits)}  # fmt: skip
         graphs = {}

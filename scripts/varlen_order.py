@@ -43,6 +43,26 @@ def packed_causal(lens, h: int, hkv: int, d: int):
     return q, k, v, cu, p
 
 
+def round_robin(calls: dict, reps: int, per_event: int = 3) -> dict:
+    """Per-call times (ms) of each `calls[label]()`, in rounds so that clock drift hits every
+    label alike: 3 warm-up rounds, then `reps` rounds, each an event pair around
+    `per_event` back-to-back calls of one label after another."""
+    times = {label: [] for label in calls}
+    for _ in range(3):
+        for fn in calls.values():
+            fn()
+    for _ in range(reps):
+        for label, fn in calls.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(per_event):
+                fn()
+            e.record()
+            e.synchronize()
+            times[label].append(s.elapsed_time(e) / per_event)
+    return times
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -57,18 +77,7 @@ def main():
 
     outs = {o: call(o) for o in (True, False)}
     same = torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
-    times = {True: [], False: []}
-    for _ in range(3):
-        call(True), call(False)
-    for _ in range(args.reps):
-        for o in (True, False):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(3):
-                call(o)
-            e.record()
-            e.synchronize()
-            times[o].append(s.elapsed_time(e) / 3)
+    times = round_robin({o: (lambda o=o: call(o)) for o in (True, False)}, args.reps)
     flops = sum(attention_flops(1, h, n, n, d, d, True) for n in lens)
     rows = []
     for o, t in times.items():

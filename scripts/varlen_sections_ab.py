@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import decode_splits as ds  # noqa: E402
-from varlen_order import packed_causal  # noqa: E402
+from varlen_order import packed_causal, round_robin  # noqa: E402
 
 from cute_attn import fwd_sm90  # noqa: E402
 from cute_attn.bench import VARLEN_SEQLENS, attention_flops, environment  # noqa: E402
@@ -88,20 +88,8 @@ def main():
 
         for label, plan in fns.items():  # the bound plans run what call() ran
             assert torch.equal(run_plan(plan), first[0]), label
-        times = {label: [] for label in fns}
-        for _ in range(3):
-            for plan in fns.values():
-                run_plan(plan)
-        for _ in range(args.reps):
-            for label, plan in fns.items():
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(3):
-                    run_plan(plan)
-                e.record()
-                e.synchronize()
-                times[label].append(s.elapsed_time(e) / 3)
+        calls = {label: (lambda plan=plan: run_plan(plan)) for label, plan in fns.items()}
+        times = round_robin(calls, args.reps)
         flops = sum(attention_flops(1, h, n, n, d, d, True) for n in lens)
         for label, t in times.items():
             t.sort()
