@@ -39,6 +39,7 @@ SHAPES = {  # name: (batch, seqlen_q, seqlen_k, heads, head_dim, causal, decode[
     "d128-4k-causal": (4, 4096, 4096, 16, 128, True, False),
     "d128-2k-causal": (8, 2048, 2048, 16, 128, True, False),
     "d128-8k-causal": (2, 8192, 8192, 16, 128, True, False),
+    "d128-6k-causal": (3, 6144, 6144, 16, 128, True, False),
     "d128-2k": (8, 2048, 2048, 16, 128, False, False),
     "d128-8k": (2, 8192, 8192, 16, 128, False, False),
     "d96-16k": (1, 16384, 16384, 16, 96, False, False),  # 16 heads (2048 / 96 is no integer)

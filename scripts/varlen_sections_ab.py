@@ -9,9 +9,11 @@ Rows: the bench's varlen row (16 packed causal sequences, 58,728 tokens, 32 quer
 launch order, LPT per head), and wider sections (`pairs16` / `pairs32`, at most that many
 (head, sequence) pairs a section). Every variant's outputs must be bitwise equal to the
 first's (the order only changes when a CTA runs); then CUDA events around three
-back-to-back calls, median and p95 per call, in rounds.
+back-to-back calls, median and p95 per call, in rounds. `--variant name=overrides` (as in
+tune_sm90.py, repeatable) times those table overrides instead of the section variants.
 
     python3 scripts/varlen_sections_ab.py [--reps 30] [--rows ROW ...] [--out FILE.json]
+        [--variant ragged=ragged_v_loads=True --variant clean=ragged_v_loads=False]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import decode_splits as ds  # noqa: E402
+from tune_sm90 import parse_override  # noqa: E402
 from varlen_order import packed_causal, round_robin  # noqa: E402
 
 from cute_attn import fwd_sm90  # noqa: E402
@@ -55,7 +58,11 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--variant", action="append", default=[], help="name=overrides")
     args = ap.parse_args()
+    variants = VARIANTS
+    if args.variant:
+        variants = {n: parse_override(o) for n, o in (v.split("=", 1) for v in args.variant)}
     rows = []
     for name in args.rows:
         lens, h, hkv, d = ROWS[name]
@@ -67,7 +74,7 @@ def main():
 
         # one plan per variant: bind each variant's compiled kernel while its table is in place
         fns, first, same = {}, None, {}
-        for label, overrides in VARIANTS.items():
+        for label, overrides in variants.items():
             with ds._TableSwap(**overrides):
                 out = call()
                 feats = fwd_sm90.InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)

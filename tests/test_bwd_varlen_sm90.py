@@ -160,6 +160,31 @@ def test_varlen_bwd_deterministic_is_bitwise_and_sequences_do_not_leak(d, causal
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_bwd_nan_in_one_sequence_stays_there(d, causal):
+    # NaN in one packed sequence's q, k, v and dO (its own gradients are NaN) must not reach a
+    # neighbour's: the tiles that cross into it read its rows, where P = 0 alone gives
+    # 0 * NaN = NaN
+    lens_q, lens_k = LENGTHS["mixed"]
+    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
+    first = _run(lens_q, lens_k, q, k, v, dout, causal=causal)
+    b = 3  # the 300 / 300 sequence, between two others
+    cq, ck = _cu(lens_q).tolist(), _cu(lens_k).tolist()
+    rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+    q2, k2, v2, do2 = (t.clone() for t in (q, k, v, dout))
+    for t, rows in ((q2, rq), (k2, rk), (v2, rk), (do2, rq)):
+        t[rows] = float("nan")
+    moved = _run(lens_q, lens_k, q2, k2, v2, do2, causal=causal)
+    keep_q = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+    keep_q[rq] = False
+    keep_k = torch.ones(k.shape[0], dtype=torch.bool, device="cuda")
+    keep_k[rk] = False
+    for name, a, c, keep in zip(("dq", "dk", "dv"), first, moved, (keep_q, keep_k, keep_k)):
+        assert torch.equal(a[keep], c[keep]), f"{name}: NaN reached another sequence"
+
+
+@pytest.mark.gpu
 def test_varlen_bwd_torch_compile_training_step():
     # fullgraph: flash_attn_varlen_func traces into the varlen op, whose backward op runs the
     # varlen kernels

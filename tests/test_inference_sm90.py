@@ -925,3 +925,39 @@ def test_compile_split_combine(tmp_path):
         # (griddepcontrol.wait is ACQBULK in SASS); nothing spills
         assert r["shfl"] >= 10 and r["bcast"] >= 8 and r["pdl_wait"], r
         assert r["spills"] == 0, r
+
+
+_V_TAIL_SNIPPET = r"""
+import dataclasses, json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.common.features import InputFeatures
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+packed = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
+cached = InputFeatures(seqused_k=True)
+out = {}
+for name, feats, ragged in (("packed", packed, True), ("packed_clean", packed, False),
+                            ("cached", cached, True)):
+    cfg = dataclasses.replace(fwd_tile_config(128, 128, True, False), ragged_v_loads=ragged)
+    spec = FwdSpec("bfloat16", 128, 128, 8, 2, False, True, False, cfg, feats)
+    fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
+    sass = _sass(fn.__cubin__)
+    out[name] = {"sass": bool(sass), "zero_stores": sass.count("STS.U16"),
+                 "spills": sass.count("STL") + sass.count("LDL")}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_packed_v_tail_arrives_as_zeros_from_the_ragged_view(tmp_path):
+    # packed k / v (ragged_v_loads, on in the table): V's TMA loads stop at each sequence's
+    # last key, so nothing zeroes the last tile's rows past it in smem (the 16-bit stores of
+    # FlashFwdSm90._zero_v_tail); with the switch off, and for cached keys (seqused_k: rows
+    # past it lie inside the cache row), the consumers still zero them
+    r = run_json_snippet(_V_TAIL_SNIPPET, tmp_path)
+    if not r["packed"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert r["packed"]["zero_stores"] == 0, r
+    assert r["packed_clean"]["zero_stores"] > 0 and r["cached"]["zero_stores"] > 0, r
+    assert all(v["spills"] == 0 for v in r.values()), r

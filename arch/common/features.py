@@ -56,7 +56,9 @@ class InputFeatures:
     @property
     def clean_v_tail(self) -> bool:
         """V rows past seqlen_k inside the last key tile may hold anything (stale cache rows,
-        the next packed sequence's values, NaN): they are zeroed in smem, because P = 0 there
-        still gives 0 * NaN = NaN. Dense inputs need no cleaning: past the tensor's end the
+        the next packed sequence's values, NaN): they must not reach the output, because P = 0
+        there still gives 0 * NaN = NaN. The SM90 forward zeroes them in smem, or for packed,
+        unpaged k / v loads V through a ragged view that stops at each sequence's last key
+        (FwdTileConfig.ragged_v_loads). Dense inputs need neither: past the tensor's end the
         TMA fills zeros."""
         return self.seqused_k or self.cu_seqlens_k or self.paged_kv

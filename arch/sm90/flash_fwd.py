@@ -23,9 +23,10 @@ Optional inputs (`InputFeatures`, arch/common/seqlen.py; presence is static): cu
 seqused_k and cache_batch_idx (KV cache), page_table (paged k / v: one TMA box per key tile
 from the page that holds it), split-KV (grid z = batch x splits, each CTA an equal share of its
 key-tile range; the partials are merged by arch/common/split_combine.py, or with
-split_cluster inside the cluster of the tile's splits). With cu_seqlens_k,
-seqused_k or pages the V rows past a sequence inside its last key tile are zeroed in smem
-before P V. batch_order: grid z-slice z computes batch row batch_order[z] (longest first).
+split_cluster inside the cluster of the tile's splits). The V rows past a sequence inside its
+last key tile never reach P V: packed, unpaged k / v load V through a ragged view that ends at
+each sequence's last key (TMA fills the rest with zeros); with seqused_k alone or pages they
+are zeroed in smem. batch_order: grid z-slice z computes batch row batch_order[z] (longest first).
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
@@ -173,6 +174,11 @@ class FlashFwdSm90:
             and (feats == InputFeatures() or packed) and not self.persistent
         )  # fmt: skip
         self.masked = self.has_left or self.has_right
+        # packed, unpaged k / v: V loads through a ragged view (FwdTileConfig.ragged_v_loads)
+        # fill the rows past a sequence's keys with zeros; else they are zeroed in smem where
+        # they may hold anything (InputFeatures.clean_v_tail)
+        self.ragged_v = cfg.ragged_v_loads and feats.cu_seqlens_k and not feats.paged_kv
+        self.clean_v_tail = feats.clean_v_tail and not self.ragged_v
         if self.persistent and feats != InputFeatures():
             raise ValueError("persistent_ctas takes dense inputs (no varlen, paged or split-KV)")
         # split_cluster: a split's consumers leave their fragments of O and lse (fp32) in smem
@@ -264,7 +270,10 @@ class FlashFwdSm90:
             tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
         )
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-            tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v)
+            tma_load,
+            ragged_rows(mV) if cutlass.const_expr(self.ragged_v) else mV,
+            cute.select(sV_layout, mode=[0, 1]),
+            (self.tile_n, self.head_dim_v),
         )
         tma_atom_O, tma_O = None, mO
         if cutlass.const_expr(not feats.direct_store):
@@ -554,7 +563,15 @@ class FlashFwdSm90:
         paged = self.features.paged_kv
         tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, seq.kv_batch))
-        tVsV, tVgV = tma_tiles(tma_atom_V, sV, self._key_tiles(mV, seq, head_kv, seq.kv_batch))
+        gV = None
+        if cutlass.const_expr(self.ragged_v):
+            # the ragged view's key tiles: rows past seqlen_k are outside it (zero-filled)
+            gV = cute.local_tile(
+                seq.ragged_rows_k(mV, head_kv), (self.tile_n, mV.shape[1]), (None, 0)
+            )
+        else:
+            gV = self._key_tiles(mV, seq, head_kv, seq.kv_batch)
+        tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         if n_max > n_min:
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -770,7 +787,7 @@ class FlashFwdSm90:
                 pending_scale = cute.make_rmem_tensor(num_rows, Float32)
                 pending_scale.store(row_scale.load())
             convert_pairs(acc_as_operand_a(acc_s), tOrP)
-            if cutlass.const_expr(self.features.clean_v_tail):
+            if cutlass.const_expr(self.clean_v_tail):
                 if n_max * self.tile_n > mask.seqlen_k:
                     self._zero_v_tail(sV, pipe_v, kv_state, mask.seqlen_k - n_block * self.tile_n)
             v_state = kv_state.clone()

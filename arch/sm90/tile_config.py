@@ -87,6 +87,15 @@ class FwdTileConfig:
     # complementary (FlashFwdSm90._persistent_tile): equal work under the causal mask, not
     # under a window (which the table leaves on one CTA per tile)
     persistent_ctas: int = 0
+    # packed k / v (cu_seqlens_k, not paged): V's TMA loads go through a view whose key extent
+    # ends at each sequence's last used key (`seqlen.ragged_rows`), so the rows of a last key
+    # tile past it arrive as zeros; off: they arrive as the next sequence's rows and the
+    # consumers zero them in smem (`FlashFwdSm90._zero_v_tail`, which paged and cached keys
+    # still need). Either way no value past a sequence's keys reaches its output (0 * NaN).
+    # Round-robin, TFLOP/s, ragged / zeroed, outputs bitwise equal
+    # (varlen_ragged_v_ab_h200.json): the bench's 16 packed causal sequences, GQA 32/8, D=128
+    # 592.6 / 586.4, D=64 422.2 / 412.2; 64 sequences of 256-1024 rows, D=128 271.4 / 258.6
+    ragged_v_loads: bool = True
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
