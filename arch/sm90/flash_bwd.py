@@ -58,9 +58,10 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
   * packed sequences (`varlen`, compile-time): q / dO / dQ rows packed by cu_seqlens_q and
     k / v / dK / dV rows by cu_seqlens_k, each a unit-batch tensor; grid z is the sequence,
     grid x is sized by the longest key sequence and tiles past a sequence's end leave at
-    once. Loads read through a `domain_offset` to the sequence's first row (rows past its
-    end belong to the next sequence: the mask hides their keys, and their queries meet
-    lse_log2 = +inf, so P = dS = 0 there); lse_log2, D, the dQ accumulator and the
+    once. Q, dO, K and V load through views whose seq extent ends at each sequence's last
+    row (`seqlen.ragged_rows`): rows past it arrive as zeros, not as the next sequence's
+    (whose NaN or Inf would survive P = 0 as 0 * NaN), the mask hides those keys and those
+    queries meet lse_log2 = +inf, so P = dS = 0 there; lse_log2, D, the dQ accumulator and the
     deterministic counters are per-row buffers in which each sequence starts on a tile_m
     boundary (`seqlen.padded_row_offset`), so no tile-sized load or reduce-add reaches
     another sequence's rows; dK / dV are TMA-stored through a view that ends at each
@@ -404,9 +405,16 @@ class FlashBwdSm90:
         def tma(op, m, s_layout, tile):
             return cpasync.make_tiled_tma_atom(op, m, cute.select(s_layout, mode=[0, 1]), tile)
 
-        tma_atom_Q, tma_Q = tma(tma_load, mQ, sQ_layout, (tm, d))
-        tma_atom_dO, tma_dO = tma(tma_load, mdO, sdO_layout, (tm, dv))
-        tma_atom_K, tma_K = tma(tma_load, mK, sK_layout, (tn, dq_d))
+        # packed sequences: Q, dO, K and V load through views whose seq extent ends at each
+        # sequence's last row (`seqlen.ragged_rows`), so a tile crossing into the next packed
+        # sequence gets zeros there instead of its rows: with P = 0 on those rows and keys
+        # alone, a NaN or Inf there would still reach dQ, dK and dV (0 * NaN)
+        mQ_l, mdO_l, mK_l, mV_l = mQ, mdO, mK, mV
+        if cutlass.const_expr(self.varlen):
+            mQ_l, mdO_l, mK_l, mV_l = [ragged_rows(t) for t in (mQ, mdO, mK, mV)]
+        tma_atom_Q, tma_Q = tma(tma_load, mQ_l, sQ_layout, (tm, d))
+        tma_atom_dO, tma_dO = tma(tma_load, mdO_l, sdO_layout, (tm, dv))
+        tma_atom_K, tma_K = tma(tma_load, mK_l, sK_layout, (tn, dq_d))
         # per-row statistics ride with Q (lse) and dO (D): one 1-D TMA tile each
         # each stage 128-byte aligned (BwdTileConfig.row_stage_stride)
         rs = self.config.row_stage_stride
@@ -418,7 +426,7 @@ class FlashBwdSm90:
         tma_atom_Dsum, tma_Dsum = cpasync.make_tiled_tma_atom(
             tma_load, mDsum, cute.make_layout(tm), (tm,)
         )
-        tma_atom_V, tma_V = tma(tma_load, mV, sV_layout, (tn, dv))
+        tma_atom_V, tma_V = tma(tma_load, mV_l, sV_layout, (tn, dv))
         # packed keys: views whose seq extent ends at each sequence's last key, so the store
         # of a tile crossing into the next packed sequence is clipped there
         mdK_store, mdV_store = mdK, mdV
@@ -667,11 +675,11 @@ class FlashBwdSm90:
     ):
         head_kv = head * self.heads_per_cta // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
-        qb, kvb = seq.q_batch, seq.kv_batch
+        qb = seq.q_batch
         gK = cute.local_tile(
-            seq.rows_k(mK[None, None, head_kv, kvb]), (tn, self.tile_dq), (n_block, 0)
+            self._head_rows(seq, mK, head_kv, keys=True), (tn, self.tile_dq), (n_block, 0)
         )
-        gV = cute.local_tile(seq.rows_k(mV[None, None, head_kv, kvb]), (tn, dv), (n_block, 0))
+        gV = cute.local_tile(self._head_rows(seq, mV, head_kv, keys=True), (tn, dv), (n_block, 0))
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         if m_max > m_min:
@@ -691,8 +699,8 @@ class FlashBwdSm90:
             state_do = pipeline.make_pipeline_state(producer, self.do_stages)
             for g in cutlass.range(self.heads_per_cta, unroll=1):
                 head_q = head * self.heads_per_cta + g
-                gQ = cute.local_tile(seq.rows_q(mQ[None, None, head_q, qb]), (tm, d), (None, 0))
-                gdO = cute.local_tile(seq.rows_q(mdO[None, None, head_q, qb]), (tm, dv), (None, 0))
+                gQ = cute.local_tile(self._head_rows(seq, mQ, head_q), (tm, d), (None, 0))
+                gdO = cute.local_tile(self._head_rows(seq, mdO, head_q), (tm, dv), (None, 0))
                 gLSE = cute.local_tile(
                     self._padded_rows(mLSE[None, head_q, qb], row_off), (tm,), (None,)
                 )
@@ -1173,6 +1181,16 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ helpers
+    def _head_rows(self, seq: SeqInfo, t: cute.Tensor, head: Int32, keys: bool = False):
+        """(seq, dim) rows of one head of a loaded tensor (q / dO, or with `keys` k / v) from
+        this sequence's first row on; packed, through its ragged view (__call__), so the rows
+        past the sequence's last one are outside it."""
+        if cutlass.const_expr(self.varlen):
+            return seq.ragged_rows_k(t, head) if keys else seq.ragged_rows_q(t, head)
+        if keys:
+            return seq.rows_k(t[None, None, head, seq.kv_batch])
+        return seq.rows_q(t[None, None, head, seq.q_batch])
+
     def _padded_rows(self, t: cute.Tensor, row_off: Int32) -> cute.Tensor:
         """t's rows from this sequence's first one in a padded per-row buffer (varlen)."""
         if cutlass.const_expr(self.varlen):
