@@ -26,7 +26,8 @@ key-tile range; the partials are merged by arch/common/split_combine.py, or with
 split_cluster inside the cluster of the tile's splits). The V rows past a sequence inside its
 last key tile never reach P V: packed, unpaged k / v load V through a ragged view that ends at
 each sequence's last key (TMA fills the rest with zeros); with seqused_k alone or pages they
-are zeroed in smem. batch_order: grid z-slice z computes batch row batch_order[z] (longest first).
+are zeroed in smem. batch_order: grid z-slice z computes batch row batch_order[z] (longest
+first).
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
