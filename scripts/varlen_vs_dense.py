@@ -61,7 +61,10 @@ def row_fns(b: int, s: int, h: int, hk: int) -> dict:
     qp, kp, vp = (x.reshape(b * s, *x.shape[2:]) for x in (q, k, v))
     cu = torch.arange(0, b + 1, dtype=torch.int32, device="cuda") * s
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s, causal=True)
-    dense = lambda: cute_attn.flash_attn_func(q, k, v, causal=True)  # noqa: E731
+
+    def dense():
+        return cute_attn.flash_attn_func(q, k, v, causal=True)
+
     return {
         "cute_dense": dense,
         "cute_dense_tiles": one_cta_per_tile(dense),
