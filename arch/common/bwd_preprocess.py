@@ -31,17 +31,15 @@ aligned rows; head_dim and head_dim_v multiples of 8 with head_dim a multiple of
 
 from __future__ import annotations
 
-import math
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .seqlen import padded_row_offset
+from .softmax import LOG2E
 
 NUM_THREADS = 128
-LOG2E = math.log2(math.e)
 
 
 def row_threads(dim: int, limit: int) -> int:

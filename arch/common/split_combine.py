@@ -29,15 +29,14 @@ Constraints: head_dim_v a multiple of 32 (every served head dim is).
 
 from __future__ import annotations
 
-import math
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from .softmax import LOG2E
+
 NUM_THREADS = 128
-LOG2E = math.log2(math.e)
 # Partial loads a lane keeps in flight per step: split_unroll * head_dim_v / 32 registers. 64
 # holds the 16 splits of the bench's B=1 decode row at D=128 in one step.
 STEP_REGISTERS = 64

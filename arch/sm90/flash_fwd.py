@@ -564,14 +564,7 @@ class FlashFwdSm90:
         paged = self.features.paged_kv
         tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, seq.kv_batch))
-        gV = None
-        if cutlass.const_expr(self.ragged_v):
-            # the ragged view's key tiles: rows past seqlen_k are outside it (zero-filled)
-            gV = cute.local_tile(
-                seq.ragged_rows_k(mV, head_kv), (self.tile_n, mV.shape[1]), (None, 0)
-            )
-        else:
-            gV = self._key_tiles(mV, seq, head_kv, seq.kv_batch)
+        gV = self._key_tiles(mV, seq, head_kv, seq.kv_batch, ragged=self.ragged_v)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         if n_max > n_min:
             pipe_q.producer_acquire(q_state)
@@ -687,11 +680,17 @@ class FlashFwdSm90:
             tma_atom, src, tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state)
         )
 
-    def _key_tiles(self, mX: cute.Tensor, seq: SeqInfo, head_kv: Int32, kv_batch: Int32):
-        """(tile_n, dim, n) key tiles of one head of k or v at a batch index (paged: a page)."""
-        return cute.local_tile(
-            seq.rows_k(mX[None, None, head_kv, kv_batch]), (self.tile_n, mX.shape[1]), (None, 0)
-        )
+    def _key_tiles(
+        self, mX: cute.Tensor, seq: SeqInfo, head_kv: Int32, kv_batch: Int32, ragged: bool = False
+    ):
+        """(tile_n, dim, n) key tiles of one head of k or v at a batch index (paged: a page).
+        `ragged`: mX is the TMA tensor of packed k / v's ragged view (`ragged_rows`), whose
+        rows past seqlen_k lie outside it (zero-filled)."""
+        if ragged:
+            rows = seq.ragged_rows_k(mX, head_kv)
+        else:
+            rows = seq.rows_k(mX[None, None, head_kv, kv_batch])
+        return cute.local_tile(rows, (self.tile_n, mX.shape[1]), (None, 0))
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
