@@ -408,6 +408,12 @@ def flash_attn_with_kvcache(
         num_splits=num_splits,
     )  # fmt: skip
     _check_bool("rotary_interleaved", rotary_interleaved)
+    if torch.compiler.is_compiling():
+        # traced as one opaque op (two: the append mutates the caches, a read-only call does
+        # not); its eager implementation is this function, value checks and all
+        return _kvcache_op(q, k_cache, v_cache, k, v, p, cache_seqlens, cache_batch_idx,
+                           page_table, rotary_cos, rotary_sin, rotary_interleaved,
+                           fallback)  # fmt: skip
     check = None
     if values is not None and _can_read_values(q):
         check = values.check(cache_seqlens, cache_batch_idx, page_table)
@@ -480,6 +486,24 @@ def _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx
         q, k_cache, p, batch_idx=cache_batch_idx is not None, paged=page_table is not None
     )
     _kvcache_memo[key] = (p, d, values, launch)
+
+
+def _kvcache_op(q, k_cache, v_cache, k, v, p, cache_seqlens, cache_batch_idx, page_table,
+                rotary_cos, rotary_sin, rotary_interleaved, fallback):  # fmt: skip
+    """flash_attn_with_kvcache under torch.compile: the validated call as a custom op (the
+    window normalized, causal folded into it; cache_seqlens a tensor, an int or None)."""
+    from . import ops
+
+    lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+    lens_int = None if lens is not None else cache_seqlens
+    common = (p.softmax_scale, p.window_left, p.window_right, p.softcap, p.num_splits,
+              fallback or "")  # fmt: skip
+    if k is None:
+        return ops.kvcache_fwd(q, k_cache, v_cache, lens, lens_int, cache_batch_idx, page_table,
+                               *common)  # fmt: skip
+    return ops.kvcache_append_fwd(q, k_cache, v_cache, k, v, lens, lens_int, cache_batch_idx,
+                                  page_table, rotary_cos, rotary_sin, rotary_interleaved,
+                                  *common)  # fmt: skip
 
 
 def _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table):

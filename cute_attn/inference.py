@@ -233,14 +233,7 @@ def kvcache_prepare(
         full = p.seqlen_k if cache_seqlens is None else cache_seqlens
         n_old = torch.full((batch,), full, dtype=lengths_dtype, device=device)
 
-    if rotary_cos is not None:
-        if k is None:
-            # FlashAttention silently ignores rotary without new keys; q's positions would be
-            # ambiguous then (the cache already holds them), so say so instead.
-            raise ValueError(
-                "rotary_cos: rotary embedding rotates q and the new k at their cache positions "
-                "and needs new k/v; pass k and v, or rotate q yourself and drop rotary_cos/sin"
-            )
+    if rotary_cos is not None:  # with new k / v (validation)
         seqlen_ro = rotary_cos.shape[0]
         # Causal / windowed: q row i sits at n_b + i; otherwise every q row at n_b (FA's rule).
         q_steps = seqlen_q if p.has_window else 1

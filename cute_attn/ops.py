@@ -22,6 +22,15 @@ must then be given: tracing cannot read the lengths), whose autograd formula cal
 max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap,
 deterministic) -> (dq, dk, dv)`: the SM90 varlen backward for q and k / v packed by
 cu_seqlens; gradients through seqused_q / seqused_k / page_table raise, as in eager mode.
+
+`flash_attn_with_kvcache` traces into `cute_attn::kvcache_fwd(q, k_cache, v_cache,
+cache_seqlens, cache_seqlens_int, cache_batch_idx, page_table, softmax_scale, window_left,
+window_right, softcap, num_splits, fallback) -> (out, lse)` for a read-only call, and into
+`cute_attn::kvcache_append_fwd(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int,
+cache_batch_idx, page_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, ...)`,
+declared to mutate k_cache / v_cache, when new k / v are appended (cache_seqlens: the tensor,
+else the python int in cache_seqlens_int, else both None for full caches). Both run the eager
+entry inside, index-value checks included; neither has an autograd formula (inference only).
 """
 
 from __future__ import annotations
@@ -219,3 +228,94 @@ def _varlen_backward_formula(ctx, dout, dlse):
 
 
 varlen_fwd.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
+
+
+# ---------------------------------------------------------------------------------- KV cache
+def _kvcache_call(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx,
+                  page_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale,
+                  window_left, window_right, softcap, num_splits, fallback):  # fmt: skip
+    from .api import flash_attn_with_kvcache
+
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v,
+        cache_seqlens=cache_seqlens if cache_seqlens is not None else cache_seqlens_int,
+        cache_batch_idx=cache_batch_idx, page_table=page_table, rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        softmax_scale=softmax_scale, causal=False, window_size=(window_left, window_right),
+        softcap=softcap, num_splits=num_splits, fallback=fallback or None,
+    )  # fmt: skip
+    # fresh, contiguous outputs (the reference's lse is a permuted view of its own buffer)
+    return out.contiguous(), lse.contiguous()
+
+
+def _kvcache_fake(q, v_cache):
+    b, sq, h, _ = q.shape
+    return q.new_empty((b, sq, h, v_cache.shape[-1])), q.new_empty((b, h, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("cute_attn::kvcache_fwd", mutates_args=())
+def kvcache_fwd(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor | None,
+    cache_seqlens_int: int | None,
+    cache_batch_idx: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+    fallback: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_call(
+        q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx,
+        page_table, None, None, True, softmax_scale, window_left, window_right, softcap,
+        num_splits, fallback,
+    )  # fmt: skip
+
+
+@kvcache_fwd.register_fake
+def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx,
+                      page_table, softmax_scale, window_left, window_right, softcap, num_splits,
+                      fallback):  # fmt: skip
+    return _kvcache_fake(q, v_cache)
+
+
+# A separate op for the append: declaring k_cache / v_cache mutated on every call would let
+# functionalization copy a read-only call's cache where it cannot put the mutation back in place.
+@torch.library.custom_op("cute_attn::kvcache_append_fwd", mutates_args=("k_cache", "v_cache"))
+def kvcache_append_fwd(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_seqlens: torch.Tensor | None,
+    cache_seqlens_int: int | None,
+    cache_batch_idx: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    rotary_cos: torch.Tensor | None,
+    rotary_sin: torch.Tensor | None,
+    rotary_interleaved: bool,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+    fallback: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_call(
+        q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx,
+        page_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, window_left,
+        window_right, softcap, num_splits, fallback,
+    )  # fmt: skip
+
+
+@kvcache_append_fwd.register_fake
+def _kvcache_append_fwd_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int,
+                             cache_batch_idx, page_table, rotary_cos, rotary_sin,
+                             rotary_interleaved, softmax_scale, window_left, window_right,
+                             softcap, num_splits, fallback):  # fmt: skip
+    return _kvcache_fake(q, v_cache)

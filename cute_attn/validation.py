@@ -1087,6 +1087,13 @@ def validate_kvcache_static(
             f"rotary_sin={'None' if rotary_sin is None else 'a tensor'}"
         )
     if rotary_cos is not None:
+        if not append:
+            # FlashAttention silently ignores rotary without new keys; q's positions would be
+            # ambiguous then (the cache already holds them), so say so instead.
+            raise ValueError(
+                "rotary_cos: rotary embedding rotates q and the new k at their cache positions "
+                "and needs new k/v; pass k and v, or rotate q yourself and drop rotary_cos/sin"
+            )
         _check_tensor("rotary_cos", rotary_cos)
         ro_dims = (("seqlen_ro", None, None), ("rotary_dim / 2", None, None))
         _check_shape("rotary_cos", rotary_cos, ro_dims)

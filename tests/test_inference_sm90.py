@@ -461,6 +461,37 @@ def test_kvcache_rotary_append():
     assert_matches(out, lse, ref, ref_lse, same)
 
 
+@pytest.mark.gpu
+def test_kvcache_torch_compile_decode_loop():
+    # torch.compile(fullgraph=True) around decode steps that rotate, append in place and attend
+    # (the custom ops run the kernel): caches and outputs equal the eager calls' (the same
+    # kernel on the same inputs), and the last step matches the reference
+    q, kc, vc = _cache_case(2, 1, 8, 2, 128, 300, seed=14)
+    g = _gen(15)
+    ang = torch.rand(400, 32, device="cuda", generator=g) * 6.28
+    cos, sin = ang.cos().to(q.dtype), ang.sin().to(q.dtype)
+
+    def step(q, kc, vc, kn, vn, n):
+        return flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, rotary_cos=cos,
+                                       rotary_sin=sin)  # fmt: skip
+
+    compiled = torch.compile(step, fullgraph=True)
+    ke, ve, kcomp, vcomp = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    n = torch.tensor([5, 290], dtype=torch.int32, device="cuda")
+    for t in range(3):
+        kn = torch.randn(2, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+        vn = torch.randn(2, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+        out, lse = step(q, ke, ve, kn, vn, n + t)
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        got = compiled(q, kcomp, vcomp, kn, vn, n + t)
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        assert torch.equal(kcomp, ke) and torch.equal(vcomp, ve)
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+    qr = apply_rotary(q, cos, sin, (n + 2).long()[:, None], True)
+    ref, ref_lse, same = _cache_ref(qr, ke, ve, range(2), (n + 3).tolist(), causal=True)
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
 # ------------------------------------------------------------------ paged KV
 
 # 1 and 8 fit no TMA key tile (gathered by torch first), 48 cuts the tile to 48 keys, 16 the

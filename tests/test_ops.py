@@ -168,3 +168,74 @@ def test_varlen_op_refuses_gradients_through_seqused():
                             0.25, -1, 0, 0.0, "")  # fmt: skip
     with pytest.raises(NotImplementedError, match="seqused_q / seqused_k"):
         out.sum().backward()
+
+
+# ---------------------------------------------------------------------------------- KV cache
+def _cache_inputs(paged=False):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 4, 16, dtype=torch.float64, generator=g)
+    shape = (6, 4, 2, 16) if paged else (2, 12, 2, 16)  # pages of 4 / rows of 12 slots
+    kc = torch.randn(shape, dtype=torch.float64, generator=g)
+    vc = torch.randn(shape, dtype=torch.float64, generator=g)
+    kn = torch.randn(2, 3, 2, 16, dtype=torch.float64, generator=g)
+    vn = torch.randn(2, 3, 2, 16, dtype=torch.float64, generator=g)
+    table = torch.tensor([[5, 0, 3], [1, 2, 4]], dtype=torch.int32) if paged else None
+    return q, kc, vc, kn, vn, table
+
+
+@pytest.mark.parametrize("lengths", ["tensor", "int", "none"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_opcheck_kvcache(paged, lengths):
+    q, kc, vc, _, _, table = _cache_inputs(paged)
+    lens = torch.tensor([5, 9], dtype=torch.int32) if lengths == "tensor" else None
+    lens_int = 7 if lengths == "int" else None
+    args = (q, kc, vc, lens, lens_int, None, table, 0.25, -1, 0, 0.0, 0, "")
+    torch.library.opcheck(ops.kvcache_fwd, args)
+    if not paged:  # a cache row per batch row through cache_batch_idx, a window and softcap
+        idx = torch.tensor([1, 0], dtype=torch.int32)
+        torch.library.opcheck(ops.kvcache_fwd, (*args[:5], idx, None, 0.25, 3, 1, 5.0, 0, ""))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_opcheck_kvcache_append(paged):
+    q, kc, vc, kn, vn, table = _cache_inputs(paged)
+    lens = torch.tensor([2, 6], dtype=torch.int32)
+    ang = torch.rand(16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    args = (q, kc, vc, kn, vn, lens, None, None, table, ang.cos(), ang.sin(), False, 0.25, -1,
+            0, 0.0, 0, "")  # fmt: skip
+    torch.library.opcheck(ops.kvcache_append_fwd, args)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_compile_fullgraph_kvcache_decode_loop(paged):
+    # a decode loop under torch.compile: three steps that rotate q and the new k, append k / v
+    # in place and attend (the append op), then a read-only call (the other op); outputs and
+    # caches equal the eager calls' (the same reference runs behind the op on the CPU)
+    q, kc, vc, kn, vn, table = _cache_inputs(paged)
+    ang = torch.rand(16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    cos, sin = ang.cos(), ang.sin()
+
+    def step(q, kc, vc, kn, vn, lens):
+        return cute_attn.flash_attn_with_kvcache(
+            q, kc, vc, kn, vn, cache_seqlens=lens, page_table=table, rotary_cos=cos,
+            rotary_sin=sin, window_size=(6, None),
+        )  # fmt: skip
+
+    def read(q, kc, vc, lens):
+        return cute_attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table,
+                                                 softcap=3.0)  # fmt: skip
+
+    compiled_step = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled_read = torch.compile(read, fullgraph=True, backend="aot_eager")
+    ke, ve, kcomp, vcomp = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    lens = torch.tensor([0, 3], dtype=torch.int32)  # 9 / 12 slots used after three steps
+    for t in range(3):
+        n = lens + 3 * t
+        want = step(q, ke, ve, kn + t, vn - t, n)
+        got = compiled_step(q, kcomp, vcomp, kn + t, vn - t, n)
+        assert torch.equal(kcomp, ke) and torch.equal(vcomp, ve)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+    want, got = read(q, ke, ve, lens + 9), compiled_read(q, kcomp, vcomp, lens + 9)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
