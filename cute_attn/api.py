@@ -174,16 +174,17 @@ def flash_attn_func(
 
         return ops.fwd(
             q, k, v, p.softmax_scale, p.window_left, p.window_right, p.softcap, fallback or "",
-            p.deterministic,
+            p.deterministic, p.num_splits, p.pack_gqa,
         )  # fmt: skip
     return _run(q, k, v, p, fallback, memo_key=key)
 
 
-def _forward(q, k, v, *, softmax_scale, window_size, softcap, fallback, deterministic=False):
+def _forward(q, k, v, *, softmax_scale, window_size, softcap, fallback, deterministic=False,
+             num_splits=0, pack_gqa=None):  # fmt: skip
     """The eager forward for the torch.library op (window already normalized)."""
     p = validate_dense(
         q, k, v, softmax_scale=softmax_scale, causal=False, window_size=window_size,
-        softcap=softcap, num_splits=0, pack_gqa=None, deterministic=deterministic,
+        softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
     )  # fmt: skip
     with torch.no_grad():
         out, lse = _run(q, k, v, p, fallback)
@@ -287,13 +288,12 @@ def flash_attn_varlen_func(
     )  # fmt: skip
     if torch.compiler.is_compiling():
         # traced as one opaque op with a fake implementation and an autograd formula
-        # (num_splits / pack_gqa keep their defaults there: the tuning table decides)
         from . import ops
 
         return ops.varlen_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, p.seqlen_q,
             p.seqlen_k, p.softmax_scale, p.window_left, p.window_right, p.softcap,
-            fallback or "", p.deterministic,
+            fallback or "", p.deterministic, p.num_splits, p.pack_gqa,
         )  # fmt: skip
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
                         entry="flash_attn_varlen_func")  # fmt: skip

@@ -1,7 +1,7 @@
 """torch.library registration of the forward, so that torch.compile traces through cute_attn.
 
 `torch.ops.cute_attn.fwd(q, k, v, softmax_scale, window_left, window_right, softcap, fallback,
-deterministic)`
+deterministic, num_splits, pack_gqa)`
 returns `(out, lse)` with the package contract; the window is already normalized (causal folded
 into window_right = 0, -1 = unbounded) and `fallback` is "" for the default policy. Inside, the
 same dispatch as the eager API runs (kernel on SM90, reference on CPU or on request). A fake
@@ -16,7 +16,8 @@ direct path, which costs no dispatcher overhead.
 
 `flash_attn_varlen_func` likewise traces into `cute_attn::varlen_fwd(q, k, v, cu_seqlens_q,
 cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, softmax_scale,
-window_left, window_right, softcap, fallback, deterministic) -> (out, lse)` (max_seqlen_q / _k
+window_left, window_right, softcap, fallback, deterministic, num_splits, pack_gqa) -> (out,
+lse)` (max_seqlen_q / _k
 must then be given: tracing cannot read the lengths), whose autograd formula calls
 `cute_attn::varlen_bwd(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k,
 max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap,
@@ -51,18 +52,21 @@ def fwd(
     softcap: float,
     fallback: str,
     deterministic: bool = False,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from .api import _forward
 
     return _forward(
         q, k, v, softmax_scale=softmax_scale, window_size=(window_left, window_right),
         softcap=softcap, fallback=fallback or None, deterministic=deterministic,
+        num_splits=num_splits, pack_gqa=pack_gqa,
     )  # fmt: skip
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, fallback,
-              deterministic=False):  # fmt: skip
+              deterministic=False, num_splits=0, pack_gqa=None):  # fmt: skip
     b, sq, h, _ = q.shape
     out = q.new_empty((b, sq, h, v.shape[-1]))
     lse = q.new_empty((b, h, sq), dtype=torch.float32)
@@ -70,7 +74,7 @@ def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, fallba
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, window_left, window_right, softcap, _, deterministic = inputs
+    q, k, v, softmax_scale, window_left, window_right, softcap, _, deterministic = inputs[:9]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.params = (softmax_scale, (window_left, window_right), softcap, deterministic)
@@ -114,7 +118,7 @@ def _backward(ctx, dout, dlse):
     dq, dk, dv = bwd(
         q, k, v, out, lse, dout, dlse, softmax_scale, left, right, softcap, deterministic
     )
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, *(None,) * 8
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -139,6 +143,8 @@ def varlen_fwd(
     softcap: float,
     fallback: str,
     deterministic: bool = False,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from .api import flash_attn_varlen_func
 
@@ -148,7 +154,8 @@ def varlen_fwd(
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
             seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
             window_size=(window_left, window_right), softcap=softcap,
-            deterministic=deterministic, fallback=fallback or None,
+            deterministic=deterministic, fallback=fallback or None, num_splits=num_splits,
+            pack_gqa=pack_gqa,
         )  # fmt: skip
     return out.contiguous(), lse.contiguous()
 
@@ -156,14 +163,15 @@ def varlen_fwd(
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
                      max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
-                     softcap, fallback, deterministic=False):  # fmt: skip
+                     softcap, fallback, deterministic=False, num_splits=0,
+                     pack_gqa=None):  # fmt: skip
     total_q, h, _ = q.shape
     return q.new_empty((total_q, h, v.shape[-1])), q.new_empty((h, total_q), dtype=torch.float32)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, used_q, used_k, table = inputs[:8]
-    max_q, max_k, scale, left, right, softcap, _, deterministic = inputs[8:]
+    max_q, max_k, scale, left, right, softcap, _, deterministic = inputs[8:16]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.params = (max_q, max_k, scale, left, right, softcap, deterministic)
@@ -224,7 +232,7 @@ def _varlen_backward_formula(ctx, dout, dlse):
         q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
         deterministic,
     )  # fmt: skip
-    return dq, dk, dv, *(None,) * 13
+    return dq, dk, dv, *(None,) * 15
 
 
 varlen_fwd.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)

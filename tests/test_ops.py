@@ -239,3 +239,26 @@ def test_compile_fullgraph_kvcache_decode_loop(paged):
     want, got = read(q, ke, ve, lens + 9), compiled_read(q, kcomp, vcomp, lens + 9)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_compile_keeps_num_splits_and_pack_gqa():
+    # the traced ops carry the caller's num_splits / pack_gqa (they were dropped once, so a
+    # compiled model ran the tuning table's choice while eager ran the caller's)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(n for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    q, k, v = _inputs(torch.float32)
+    torch.compile(lambda q, k, v: cute_attn.flash_attn_func(q, k, v, num_splits=3,
+                                                            pack_gqa=False),
+                  fullgraph=True, backend=backend)(q, k, v)  # fmt: skip
+    (vq, vk, vv), cu_q, cu_k = _varlen_inputs(torch.float32)
+    torch.compile(lambda q, k, v: cute_attn.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(LENS_Q),
+        max_seqlen_k=max(LENS_K), num_splits=2, pack_gqa=True,
+    ), fullgraph=True, backend=backend)(vq, vk, vv)  # fmt: skip
+    calls = {str(n.target): n.args[-2:] for n in seen if "cute_attn" in str(n.target)}
+    assert calls == {"cute_attn.fwd.default": (3, False),
+                     "cute_attn.varlen_fwd.default": (2, True)}, calls  # fmt: skip
