@@ -284,7 +284,9 @@ def _check_knobs(head_dim, softmax_scale, causal, window_size, softcap, num_spli
         scale = 1.0 / math.sqrt(head_dim)
     else:
         scale = _check_real("softmax_scale", softmax_scale)
-        if not (scale > 0.0 and math.isfinite(scale)):
+        # comparisons, not math.isfinite: under torch.compile a float may be symbolic (NaN
+        # fails both comparisons)
+        if not (0.0 < scale < math.inf):
             raise ValueError(f"softmax_scale: expected None or a finite float > 0, got {scale}")
     _check_bool("causal", causal)
     if window_size is None:
@@ -303,7 +305,7 @@ def _check_knobs(head_dim, softmax_scale, causal, window_size, softcap, num_spli
         window = (_window_entry(0, window_size[0]), _window_entry(1, window_size[1]))
     left, right = normalize_window(causal, window)
     cap = _check_real("softcap", softcap)
-    if not (cap >= 0.0 and math.isfinite(cap)):
+    if not (0.0 <= cap < math.inf):
         raise ValueError(f"softcap: expected a finite float >= 0 (0 = off), got {cap}")
     splits = _check_int("num_splits", num_splits, 0)
     return scale, left, right, cap, splits

@@ -262,3 +262,37 @@ def test_compile_keeps_num_splits_and_pack_gqa():
     calls = {str(n.target): n.args[-2:] for n in seen if "cute_attn" in str(n.target)}
     assert calls == {"cute_attn.fwd.default": (3, False),
                      "cute_attn.varlen_fwd.default": (2, True)}, calls  # fmt: skip
+
+
+def test_compile_dynamic_shapes():
+    # torch.compile(dynamic=True) traces sizes and python floats symbolically; validation's
+    # checks must stay traceable there (math.isfinite of a symbolic float was not). Three
+    # sequence lengths through one compiled training step, and a KV-cache decode step over
+    # three batch sizes
+    def loss(q, k, v):
+        out, lse = cute_attn.flash_attn_func(q, k, v, causal=True, window_size=(5, None))
+        return (out * out).sum() + lse.sum()
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend="aot_eager")
+    for s in (7, 9, 13):
+        g = torch.Generator().manual_seed(s)
+        q, k, v = (torch.randn(2, s + x, h, 16, generator=g, requires_grad=True)
+                   for x, h in ((0, 4), (2, 2), (2, 2)))  # fmt: skip
+        want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+        for got, w in zip(torch.autograd.grad(compiled(q, k, v), (q, k, v)), want):
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-5)
+
+    def decode(q, kc, vc, kn, vn, n):
+        return cute_attn.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n)
+
+    compiled = torch.compile(decode, fullgraph=True, dynamic=True, backend="aot_eager")
+    for b in (2, 3, 5):
+        g = torch.Generator().manual_seed(b)
+        q, kn, vn = (torch.randn(b, 1, h, 16, generator=g) for h in (4, 2, 2))
+        kc, vc = (torch.randn(b, 20, 2, 16, generator=g) for _ in range(2))
+        n = torch.arange(b, dtype=torch.int32) + 3
+        kc2, vc2 = kc.clone(), vc.clone()
+        want, got = decode(q, kc, vc, kn, vn, n), compiled(q, kc2, vc2, kn, vn, n)
+        assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+        for x, w in zip(got, want):
+            torch.testing.assert_close(x, w)
