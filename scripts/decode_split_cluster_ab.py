@@ -12,6 +12,7 @@ hits them alike; median and p95 us per call.
 
     OUT=. python3 scripts/decode_split_cluster_ab.py   # -> decode_split_cluster_ab_h200.json
     SECOND=1 OUT=. python3 scripts/decode_split_cluster_ab.py   # -> ..._ab_b_h200.json
+    THIRD=1 OUT=. python3 scripts/decode_split_cluster_ab.py    # -> ..._ab_c_h200.json
 """
 
 from __future__ import annotations
@@ -67,7 +68,19 @@ ROWS_SECOND = {  # clusters of 3 / 4 on the one-CTA-per-SM tile (decode_split_cl
                           ("cluster-3stage", None, True, THREE_STAGE),
                           ("partials-2", 2, False, {}), ("cluster-2", 2, True, {})]),
 }  # fmt: skip
-ROWS, SUFFIX = (ROWS_SECOND, "_b") if os.environ.get("SECOND") else (ROWS_FIRST, "")
+# deeper pipelines of short key tiles on one CTA an SM (the split grids fill one wave of one
+# CTA an SM, so the table's two-CTA tile leaves half its smem unused); spill-free on sm_90a
+DEEP = {f"{n}x{s}": dict(tile_n=n, num_stages=s, ctas_per_sm=1)
+        for n, s in ((64, 3), (64, 4), (64, 6), (32, 8))}  # fmt: skip
+ROWS_THIRD = {  # decode_split_cluster_ab_c_h200.json
+    "b8-8k": (8, 8192, [("cluster", None, True, {})]
+              + [(f"cluster-{k}", None, True, o) for k, o in DEEP.items()]),
+    "b1-32k": (1, 32768, [("partials", None, False, {})]
+               + [(f"partials-{k}", None, False, o) for k, o in DEEP.items()]),
+}  # fmt: skip
+ROWS, SUFFIX = {"SECOND": (ROWS_SECOND, "_b"), "THIRD": (ROWS_THIRD, "_c")}.get(
+    next((k for k in ("SECOND", "THIRD") if os.environ.get(k)), ""), (ROWS_FIRST, "")
+)
 ROUNDS = 80
 
 
