@@ -441,7 +441,7 @@ def flash_attn_with_kvcache(
     )
     res = _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table)
     if key is not None:  # bound after the call, as the dense entry's (_run)
-        _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx)
+        _remember_kvcache(key, p, d, values, q, k_cache, v_cache, page_table, cache_batch_idx)
     return res
 
 
@@ -479,12 +479,14 @@ def _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page
     )  # fmt: skip
 
 
-def _remember_kvcache(key, p, d, values, q, k_cache, page_table, cache_batch_idx) -> None:
+def _remember_kvcache(key, p, d, values, q, k_cache, v_cache, page_table,
+                      cache_batch_idx) -> None:  # fmt: skip
     if len(_kvcache_memo) >= _DENSE_MEMO_MAX:
         _kvcache_memo.clear()
     launch = fwd_sm90.kvcache_launcher(
-        q, k_cache, p, batch_idx=cache_batch_idx is not None, paged=page_table is not None
-    )
+        q, k_cache, v_cache, p, batch_idx=cache_batch_idx is not None,
+        paged=page_table is not None,
+    )  # fmt: skip
     _kvcache_memo[key] = (p, d, values, launch)
 
 

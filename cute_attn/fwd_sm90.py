@@ -39,6 +39,7 @@ from .arch.sm90.tile_config import (
     fills_two_ctas_per_sm,
     fwd_num_splits,
     fwd_persistent,
+    fwd_ragged_cache,
     fwd_split_cluster,
     fwd_tile_config,
     paged_tile_n,
@@ -118,7 +119,22 @@ _WIDE_INPUTS = frozenset({
     InputFeatures(seqused_k=True),
     InputFeatures(seqused_k=True, kv_batch_idx=True),
     InputFeatures(seqused_k=True, paged_kv=True),
+    # the same caches with V through the ragged view (how V loads, not the grid)
+    InputFeatures(seqused_k=True, ragged_cache=True),
+    InputFeatures(seqused_k=True, kv_batch_idx=True, ragged_cache=True),
 })  # fmt: skip
+
+
+def _cache_features(v_cache, *, batch_idx: bool, paged: bool) -> InputFeatures:
+    """The inputs of a KV-cache call: cache lengths, maybe a batch-row map or pages, and
+    `ragged_cache` where the rule takes it (tile_config.fwd_ragged_cache) for a dense cache
+    whose batch rows lie back to back (row b's keys from flat row b x capacity)."""
+    rows, row_stride = v_cache.shape[1], v_cache.stride(1)
+    back_to_back = v_cache.shape[0] == 1 or v_cache.stride(0) == rows * row_stride
+    ragged = not paged and back_to_back and fwd_ragged_cache()
+    return InputFeatures(
+        seqused_k=True, kv_batch_idx=batch_idx, paged_kv=paged, ragged_cache=ragged
+    )
 
 
 def fwd_key(
@@ -520,7 +536,7 @@ def dense_launcher(q, p: AttnProblem):
     return _bound_launch(q, p, _DENSE, sq, p.seqlen_k, _pack_decode(p, sq))
 
 
-def kvcache_launcher(q, k_cache, p: AttnProblem, *, batch_idx: bool, paged: bool):
+def kvcache_launcher(q, k_cache, v_cache, p: AttnProblem, *, batch_idx: bool, paged: bool):
     """A launcher `(q, k_cache, v_cache, seqused_k, kv_batch_idx, page_table) -> (out, lse)`
     for later read-only KV-cache calls with this exact signature (the entry's memo holds it),
     or None where run_fwd_kvcache does more than allocate and launch (empty sizes, the
@@ -531,7 +547,7 @@ def kvcache_launcher(q, k_cache, p: AttnProblem, *, batch_idx: bool, paged: bool
         return None
     if paged and paged_route(p) == "gather":
         return None
-    feats = InputFeatures(seqused_k=True, kv_batch_idx=batch_idx, paged_kv=paged)
+    feats = _cache_features(v_cache, batch_idx=batch_idx, paged=paged)
     return _bound_launch(q, p, feats, sq, capacity, _pack_decode(p, sq))
 
 
@@ -687,11 +703,11 @@ def run_fwd_kvcache(
     if k_cache.shape[0] * capacity == 0:
         _empty_rows(out, lse)
         return out, lse
-    feats = InputFeatures(seqused_k=True, kv_batch_idx=kv_batch_idx is not None,
-                          paged_kv=page_table is not None)  # fmt: skip
+    feats = _cache_features(v_cache, batch_idx=kv_batch_idx is not None,
+                            paged=page_table is not None)  # fmt: skip
     if page_table is not None and paged_route(p) == "gather":
         k_cache, v_cache = _gather_pages(k_cache, page_table), _gather_pages(v_cache, page_table)
-        feats, page_table = InputFeatures(seqused_k=True), None
+        feats, page_table = _cache_features(v_cache, batch_idx=False, paged=False), None
     _run(
         q, k_cache, v_cache, p, out, lse, features=feats, max_seqlen_q=sq, batch=b,
         seqlen_k=capacity, pack=_pack_decode(p, sq), seqused_k=seqused_k,

@@ -6,7 +6,9 @@ rows) and masks that tile; a length that is a multiple of the key tile needs nei
 row times lengths L and L - 1 (one key fewer: the same traffic within 1 / L) in one cache of
 capacity L + 128, one new token, 32 query heads over 8 KV heads, D=128, bf16, under CUDA
 graphs of one and ten calls, in rounds (scripts/decode_splits.graph_rounds). The dense
-flash_attn_func call of length L (no cache lengths) is the third variant.
+flash_attn_func call of length L (no cache lengths) is the third variant; L and L - 1 with V
+through the ragged view of the cache's rows (tile_config.fwd_ragged_cache forced on: no smem
+zeroing) the fourth and fifth.
 
     python3 scripts/kvcache_tail_ab.py [--rounds 50] [--out FILE.json]
 """
@@ -21,9 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_splits import graph_rounds, one_and_ten_graphs  # noqa: E402
+from decode_splits import _TableSwap, graph_rounds, one_and_ten_graphs  # noqa: E402
 
 import cute_attn  # noqa: E402
+from cute_attn import fwd_sm90  # noqa: E402
 from cute_attn.bench import environment  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
@@ -43,16 +46,28 @@ def main():
         kc = torch.randn(b, n + 128, hkv, d, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn(b, n + 128, hkv, d, device="cuda", dtype=torch.bfloat16)
         graphs = {}
-        for label, length in (("full", n), ("minus1", n - 1)):
+        for label, length, ragged in (
+            ("full", n, False),
+            ("minus1", n - 1, False),
+            ("ragged-full", n, True),
+            ("ragged-minus1", n - 1, True),
+        ):
             lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
 
             def call(q=q, kc=kc, vc=vc, lens=lens):
                 return cute_attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
 
-            ref = attention_ref(q, kc[:, :length], vc[:, :length], compute_dtype=torch.float32)
-            err = (call()[0].float() - ref[0]).abs().max().item()
-            assert err < 1e-2, (name, label, err)
-            graphs[label] = (*one_and_ten_graphs(call), err, 0)
+            rule = fwd_sm90.fwd_ragged_cache
+            fwd_sm90.fwd_ragged_cache = lambda r=ragged: r  # plans and memo cleared around
+            try:
+                with _TableSwap():
+                    ref = attention_ref(q, kc[:, :length], vc[:, :length],
+                                        compute_dtype=torch.float32)  # fmt: skip
+                    err = (call()[0].float() - ref[0]).abs().max().item()
+                    assert err < 1e-2, (name, label, err)
+                    graphs[label] = (*one_and_ten_graphs(call), err, 0)
+            finally:
+                fwd_sm90.fwd_ragged_cache = rule
         k, v = kc[:, :n].contiguous(), vc[:, :n].contiguous()
         ref = attention_ref(q, k, v, compute_dtype=torch.float32)
         err = (cute_attn.flash_attn_func(q, k, v)[0].float() - ref[0]).abs().max().item()

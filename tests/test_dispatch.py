@@ -278,7 +278,7 @@ def kvcache_served_on_cpu(monkeypatch):
         calls["run"] += 1
         return ("run", p)
 
-    def launcher(q, k_cache, p, *, batch_idx, paged):
+    def launcher(q, k_cache, v_cache, p, *, batch_idx, paged):
         def launch(*args):
             calls["launch"].append(args)
             return ("launched", p)
@@ -468,3 +468,29 @@ def test_backward_reason_names_the_padded_head_dim(fake_arch):
             p, _tensors(80), bwd_sm90.bwd_unsupported_reason, bwd_sm90.bwd_kernel_note
         )
     assert got.impl == "reference" and "head dims (80, 80)" in got.reason, got
+
+
+@pytest.mark.parametrize("rule", [False, True])
+def test_kvcache_features_ragged_cache_rule(monkeypatch, rule):
+    # InputFeatures.ragged_cache: where tile_config.fwd_ragged_cache takes it, for dense caches
+    # whose batch rows lie back to back (the kernel addresses row b's keys from flat row b x
+    # capacity); never for pages, nor for a cache sliced out of a longer one
+    from cute_attn import fwd_sm90
+
+    monkeypatch.setattr(fwd_sm90, "fwd_ragged_cache", lambda: rule)
+    cache = torch.empty(3, 40, 2, 16)
+    one_row = torch.empty(1, 50, 2, 16)[:, :40]  # a single batch row: any batch stride
+    for v, batch_idx, paged, want in (
+        (cache, False, False, rule),
+        (cache, True, False, rule),
+        (one_row, False, False, rule),
+        (cache[:, :30], False, False, False),  # batch stride 40 rows, capacity 30
+        (cache, False, True, False),
+    ):
+        feats = fwd_sm90._cache_features(v, batch_idx=batch_idx, paged=paged)
+        assert feats.ragged_cache == want and feats.seqused_k, (v.shape, v.stride(), feats)
+        assert (feats.kv_batch_idx, feats.paged_kv) == (batch_idx, paged)
+    with pytest.raises(ValueError, match="ragged_cache"):
+        fwd_sm90.InputFeatures(seqused_k=True, paged_kv=True, ragged_cache=True)
+    with pytest.raises(ValueError, match="ragged_cache"):
+        fwd_sm90.InputFeatures(cu_seqlens_k=True, seqused_k=True, ragged_cache=True)

@@ -420,6 +420,85 @@ def test_kvcache_batch_idx_window_softcap(num_splits):
         assert_matches(out, lse, ref, ref_lse, same)
 
 
+@pytest.fixture
+def ragged_cache_built(monkeypatch):
+    """tile_config.fwd_ragged_cache forced on (off in the table until measured); yields the
+    forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
+    from cute_attn import api, fwd_sm90
+
+    keys, build = [], fwd_sm90.build_fwd
+    monkeypatch.setattr(fwd_sm90, "fwd_ragged_cache", lambda: True)
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    fwd_sm90._plan.cache_clear()
+    api._kvcache_memo.clear()
+    yield keys
+    fwd_sm90._plan.cache_clear()
+    api._kvcache_memo.clear()
+
+
+def _ragged_cache_flags(keys) -> list[bool]:
+    from cute_attn.arch.common.features import InputFeatures
+
+    return [InputFeatures(*k.features).ragged_cache for k in keys]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 1, 2, 3])
+@pytest.mark.parametrize("sq", [1, 4])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_kvcache_ragged_cache(ragged_cache_built, d, sq, num_splits):
+    # V through the ragged view of the cache's flat rows (InputFeatures.ragged_cache): every
+    # cache row's keys past its length hold Inf (k) / NaN (v), rows no batch row reads too;
+    # lengths 0, 1, odd, a partial last tile and the full capacity; batch rows through a
+    # permuted cache_batch_idx into a larger cache, and without it
+    b, h, hkv, cap = 4, 8, 2, 700
+    q, kc, vc = _cache_case(b, sq, h, hkv, d, cap, seed=d + sq + num_splits, b_cache=6)
+    lens = [0, 1, 333, cap]
+    for c in range(6):  # cache row c holds lens[c % 4] keys (rows 4, 5: nobody's)
+        kc[c, lens[c % 4] :] = float("inf")
+        vc[c, lens[c % 4] :] = float("nan")
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    rows = torch.tensor([4, 1, 2, 3], dtype=torch.int32, device="cuda")  # row 4: no key
+    for kw, used in (({"cache_batch_idx": rows}, rows.tolist()), ({}, None)):
+        kcs, vcs = (kc, vc) if kw else (kc[:b], vc[:b])  # (B_cache = B without the map)
+        ragged_cache_built.clear()
+        out, lse = flash_attn_with_kvcache(q, kcs, vcs, cache_seqlens=n, num_splits=num_splits,
+                                           **kw)  # fmt: skip
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        assert all(_ragged_cache_flags(ragged_cache_built)) and ragged_cache_built
+        ref, ref_lse, same = _cache_ref(q, kcs, vcs, used or range(b), lens, causal=True)
+        assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+def test_kvcache_ragged_cache_needs_rows_back_to_back(ragged_cache_built):
+    # a cache sliced out of a longer one (batch stride != capacity x row stride) keeps the
+    # smem zeroing; the memo's later hits of both layouts match the reference
+    b, h, hkv, d = 3, 8, 2, 128
+    q, kc, vc = _cache_case(b, 1, h, hkv, d, 900, seed=5)
+    lens = [5, 600, 129]
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for cut, flag in ((900, True), (640, False)):
+        ks, vs = kc[:, :cut], vc[:, :cut]
+        for i, m in enumerate(lens):
+            vs[i, m:] = float("nan")
+        for _ in range(2):  # the full path, then the memo's bound launcher
+            ragged_cache_built.clear()
+            out, lse = flash_attn_with_kvcache(q, ks, vs, cache_seqlens=n)
+            assert set(_ragged_cache_flags(ragged_cache_built)) <= {flag}
+            ref, ref_lse, same = _cache_ref(q, ks, vs, range(b), lens, causal=True)
+            assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("new", [0, 1])
+def test_kvcache_gathered_pages_ragged_cache(ragged_cache_built, new):
+    # pages of 8 fit no TMA key tile: torch gathers them into a dense cache, whose rows lie
+    # back to back, so V takes the ragged view there
+    test_kvcache_paged(8, 4, new)
+    assert any(_ragged_cache_flags(ragged_cache_built))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [0, 3])
 @pytest.mark.parametrize("sq", [1, 5])
@@ -747,14 +826,18 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged64", "paged16"])
-def test_kvcache_decode_wide_grid(layout, monkeypatch):
+def test_kvcache_decode_wide_grid(layout, ragged, monkeypatch):
     # 17 batch rows x 8 KV heads keep every SM busy unsplit: the two-CTAs-per-SM decode tile
     # (64 keys, 2 stages; tile_config.fills_two_ctas_per_sm), over lengths 0, 1, odd and full.
-    # The library takes it for every KV-cache input set (fwd_sm90._WIDE_INPUTS).
+    # The library takes it for every KV-cache input set (fwd_sm90._WIDE_INPUTS), with V
+    # through the ragged view of a dense cache's rows too (`ragged`: fwd_ragged_cache forced)
     from cute_attn import api, fwd_sm90
     from cute_attn.arch.sm90.tile_config import FwdTileConfig, fills_two_ctas_per_sm
 
+    if ragged:
+        monkeypatch.setattr(fwd_sm90, "fwd_ragged_cache", lambda: True)
     b, h, hkv, d, cap = 17, 32, 8, 128, 704
     assert fills_two_ctas_per_sm(b * hkv, fwd_sm90._num_sms(None))
     keys, build = [], fwd_sm90.build_fwd
@@ -967,9 +1050,12 @@ from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
 from cute_attn.arch.sm90.tile_config import fwd_tile_config
 packed = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
 cached = InputFeatures(seqused_k=True)
+flat = InputFeatures(seqused_k=True, ragged_cache=True)
+flat_idx = InputFeatures(seqused_k=True, kv_batch_idx=True, ragged_cache=True)
 out = {}
 for name, feats, ragged in (("packed", packed, True), ("packed_clean", packed, False),
-                            ("cached", cached, True)):
+                            ("cached", cached, True), ("ragged_cache", flat, True),
+                            ("ragged_cache_idx", flat_idx, True)):
     cfg = dataclasses.replace(fwd_tile_config(128, 128, True, False), ragged_v_loads=ragged)
     spec = FwdSpec("bfloat16", 128, 128, 8, 2, False, True, False, cfg, feats)
     fn = compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}")
@@ -985,10 +1071,12 @@ def test_packed_v_tail_arrives_as_zeros_from_the_ragged_view(tmp_path):
     # packed k / v (ragged_v_loads, on in the table): V's TMA loads stop at each sequence's
     # last key, so nothing zeroes the last tile's rows past it in smem (the 16-bit stores of
     # FlashFwdSm90._zero_v_tail); with the switch off, and for cached keys (seqused_k: rows
-    # past it lie inside the cache row), the consumers still zero them
+    # past it lie inside the cache row), the consumers still zero them, unless the cache's
+    # batch rows are flat rows of one ragged view (InputFeatures.ragged_cache)
     r = run_json_snippet(_V_TAIL_SNIPPET, tmp_path)
     if not r["packed"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
-    assert r["packed"]["zero_stores"] == 0, r
+    for name in ("packed", "ragged_cache", "ragged_cache_idx"):
+        assert r[name]["zero_stores"] == 0, r
     assert r["packed_clean"]["zero_stores"] > 0 and r["cached"]["zero_stores"] > 0, r
     assert all(v["spills"] == 0 for v in r.values()), r

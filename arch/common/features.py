@@ -36,10 +36,19 @@ class InputFeatures:
     # portable cluster size) and merge their partials through distributed shared memory, so
     # out / lse are final (in the output dtype): no fp32 partials, no combine launch
     split_cluster: bool = False
+    # with seqused_k, dense (unpacked, unpaged) k / v whose batch rows lie back to back (batch
+    # stride = rows x row stride; the host checks v's): V loads through the ragged view of all
+    # B x capacity rows, which ends at each row's last used key (row kv_batch's keys start at
+    # row kv_batch x capacity), so the TMA zero-fills the rest of the last key tile
+    ragged_cache: bool = False
 
     def __post_init__(self):
         if self.split_cluster and not self.split_kv:
             raise ValueError("split_cluster merges split-KV partials: needs split_kv")
+        if self.ragged_cache and not (
+            self.seqused_k and not self.cu_seqlens_k and not self.paged_kv
+        ):
+            raise ValueError("ragged_cache: dense k / v with seqused_k (not packed, not paged)")
 
     @property
     def partials(self) -> bool:
@@ -58,7 +67,7 @@ class InputFeatures:
         """V rows past seqlen_k inside the last key tile may hold anything (stale cache rows,
         the next packed sequence's values, NaN): they must not reach the output, because P = 0
         there still gives 0 * NaN = NaN. The SM90 forward zeroes them in smem, or for packed,
-        unpaged k / v loads V through a ragged view that stops at each sequence's last key
-        (FwdTileConfig.ragged_v_loads). Dense inputs need neither: past the tensor's end the
-        TMA fills zeros."""
+        unpaged k / v (and `ragged_cache` caches) loads V through a ragged view that stops at
+        each sequence's last key (FwdTileConfig.ragged_v_loads). Dense inputs need neither:
+        past the tensor's end the TMA fills zeros."""
         return self.seqused_k or self.cu_seqlens_k or self.paged_kv

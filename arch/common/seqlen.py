@@ -72,6 +72,7 @@ class SeqInfo(DslStruct):
         mSeqUsedQ,
         mSeqUsedK,
         mKvBatchIdx,
+        kv_rows: Int32 | None = None,
     ):
         # Offsets and lengths are clamped into the tensors (packed q: [0, total_q]; packed k:
         # [0, total_k]; paged or cached keys: [0, capacity]): the host may check index values
@@ -99,6 +100,11 @@ class SeqInfo(DslStruct):
                 kv_batch = Int32(0)
         if cutlass.const_expr(features.seqused_k):
             seqlen_k = _clamp(mSeqUsedK[batch], Int32(0), seqlen_k)
+        if cutlass.const_expr(features.ragged_cache):
+            # row kv_batch's keys in the flat rows of the cache (kv_rows = B_cache rows of
+            # capacity seqlen_k_static); an out-of-range kv_batch_idx value is clamped like the
+            # packed offsets (the ragged view has no batch bound for the TMA to stop at)
+            offset_k = _clamp(kv_batch, Int32(0), kv_rows - 1) * seqlen_k_static
         return SeqInfo(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features)
 
     def rows_q(self, t: cute.Tensor) -> cute.Tensor:
@@ -119,8 +125,9 @@ class SeqInfo(DslStruct):
         return t
 
     def ragged_rows_k(self, t: cute.Tensor, head: Int32) -> cute.Tensor:
-        """`ragged_rows_q` for packed k-side rows (the backward's dK / dV): row i is this
-        sequence's key row i, clipped by the TMA from row seqlen_k on."""
+        """`ragged_rows_q` for packed k-side rows (the backward's dK / dV; the forward's V,
+        also of a `ragged_cache`): row i is this sequence's key row i, clipped by the TMA from
+        row seqlen_k on."""
         ends = t[None, None, head, self.offset_k + self.seqlen_k]
         return cute.domain_offset((RAGGED_EXTENT - self.seqlen_k, 0), ends)
 

@@ -175,10 +175,13 @@ class FlashFwdSm90:
             and (feats == InputFeatures() or packed) and not self.persistent
         )  # fmt: skip
         self.masked = self.has_left or self.has_right
-        # packed, unpaged k / v: V loads through a ragged view (FwdTileConfig.ragged_v_loads)
-        # fill the rows past a sequence's keys with zeros; else they are zeroed in smem where
-        # they may hold anything (InputFeatures.clean_v_tail)
-        self.ragged_v = cfg.ragged_v_loads and feats.cu_seqlens_k and not feats.paged_kv
+        # packed, unpaged k / v and caches whose batch rows lie back to back: V loads through
+        # a ragged view (FwdTileConfig.ragged_v_loads) fill the rows past a sequence's keys
+        # with zeros; else they are zeroed in smem where they may hold anything
+        # (InputFeatures.clean_v_tail)
+        self.ragged_v = cfg.ragged_v_loads and (
+            (feats.cu_seqlens_k and not feats.paged_kv) or feats.ragged_cache
+        )
         self.clean_v_tail = feats.clean_v_tail and not self.ragged_v
         if self.persistent and feats != InputFeatures():
             raise ValueError("persistent_ctas takes dense inputs (no varlen, paged or split-KV)")
@@ -472,7 +475,7 @@ class FlashFwdSm90:
                 capacity_k = mPageTable.shape[1] * mK.shape[0]
             seq = SeqInfo.create(
                 feats, batch, mQ.shape[0], capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
-                mSeqUsedK, mKvBatchIdx,
+                mSeqUsedK, mKvBatchIdx, mK.shape[3],
             )  # fmt: skip
             mask = TileMask(
                 self.tile_m,

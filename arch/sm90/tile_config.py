@@ -625,6 +625,18 @@ def fwd_num_splits(num_ctas: int, num_n_blocks: int, num_sms: int) -> int:
     return max(1, min(num_sms // num_ctas, num_n_blocks // 2, 128))
 
 
+def fwd_ragged_cache() -> bool:
+    """Whether a dense KV cache whose batch rows lie back to back (InputFeatures.ragged_cache)
+    loads V through a ragged view that ends at each row's used keys, instead of zeroing the
+    stale rows of its last key tile in smem (FlashFwdSm90._zero_v_tail). Packed prefill
+    measured +1.1% (16 causal sequences) to +5% (64 short ones) for the same change
+    (varlen_ragged_v_ab_h200.json); on caches it is built (sm_90a, spill-free: the decode
+    variant drops from 2,848 to 2,056 SASS instructions) but not yet run on the GPU, so off.
+    scripts/kvcache_tail_ab.py measures it (`ragged` rows) and the GPU tests force it on.
+    Turning it on: the dense-cache rows of cute_attn.aot.FWD_INPUTS take ragged_cache too."""
+    return False
+
+
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
 MAX_CLUSTER_SPLITS = 8
 
