@@ -710,13 +710,20 @@ def test_paged_windows_large_head_dims(d, dv, page_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["paged", "dense"])
+@pytest.mark.parametrize("layout", ["paged", "dense", "dense_ragged"])
 def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
     # A read-only call queues its index checks, launches, then reads them (ValueCheck.defer):
     # a bad cache_seqlens / page_table / cache_batch_idx entry must still raise the same
     # ValueError, and the kernel that already ran on it must have stayed inside its tensors
-    # (the next valid call, on the same stream, is still exact).
-    from cute_attn import validation
+    # (the next valid call, on the same stream, is still exact). dense_ragged: V through the
+    # ragged view of the cache's flat rows (fwd_ragged_cache forced), where the kernel clamps
+    # a bad cache_batch_idx (that view has no batch bound for the TMA to stop at)
+    from cute_attn import api, fwd_sm90, validation
+
+    if layout == "dense_ragged":
+        monkeypatch.setattr(fwd_sm90, "fwd_ragged_cache", lambda: True)
+        fwd_sm90._plan.cache_clear()
+        api._kvcache_memo.clear()
 
     b, h, hkv, d, page_size = 3, 8, 2, 128, 64
     g = _gen(7)
@@ -750,10 +757,14 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
             flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, page_table=bad)
     else:
         bad = cache["cache_batch_idx"].clone()
-        bad[0] = -5  # not a cache row: TMA fills zeros
+        bad[0] = -5  # not a cache row: TMA fills zeros (ragged: clamped to row 0)
         with pytest.raises(ValueError, match=r"cache_batch_idx\[0\] = -5"):
             flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, cache_batch_idx=bad)
-    assert len(deferred) == 2, "read-only calls should read their checks after the launch"
+        bad[0] = 10**6  # past the last cache row (ragged: clamped to the last)
+        with pytest.raises(ValueError, match=r"cache_batch_idx\[0\] = 1000000"):
+            flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, cache_batch_idx=bad)
+    # read-only calls read their checks after the launch
+    assert len(deferred) == (2 if layout == "paged" else 3), deferred
     out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
     torch.cuda.synchronize()
     assert cute_attn.last_dispatch().impl == "sm90_fwd"
@@ -764,7 +775,9 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
     kn = torch.randn(b, 1, hkv, d, device="cuda", dtype=q.dtype, generator=g)
     with pytest.raises(ValueError, match="cache_seqlens"):
         flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=bad_lens, **cache)
-    assert len(deferred) == 3
+    assert len(deferred) == (3 if layout == "paged" else 4)
+    fwd_sm90._plan.cache_clear()
+    api._kvcache_memo.clear()
 
 
 @pytest.mark.gpu
