@@ -69,11 +69,13 @@ ROWS_SECOND = {  # clusters of 3 / 4 on the one-CTA-per-SM tile (decode_split_cl
                           ("partials-2", 2, False, {}), ("cluster-2", 2, True, {})]),
 }  # fmt: skip
 # deeper pipelines of short key tiles on one CTA an SM (the split grids fill one wave of one
-# CTA an SM, so the table's two-CTA tile leaves half its smem unused); spill-free on sm_90a
+# CTA an SM, so the table's two-CTA tile leaves half its smem unused), and the merge over the
+# used rows only (FwdTileConfig.merge_used_rows); spill-free on sm_90a
 DEEP = {f"{n}x{s}": dict(tile_n=n, num_stages=s, ctas_per_sm=1)
         for n, s in ((64, 3), (64, 4), (64, 6), (32, 8))}  # fmt: skip
 ROWS_THIRD = {  # decode_split_cluster_ab_c_h200.json
-    "b8-8k": (8, 8192, [("cluster", None, True, {})]
+    "b8-8k": (8, 8192, [("cluster", None, True, {}),
+                        ("cluster-usedrows", None, True, {"merge_used_rows": True})]
               + [(f"cluster-{k}", None, True, o) for k, o in DEEP.items()]),
     "b1-32k": (1, 32768, [("partials", None, False, {})]
                + [(f"partials-{k}", None, False, o) for k, o in DEEP.items()]),

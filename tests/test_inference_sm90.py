@@ -9,6 +9,7 @@ that sequence's rows) with the FlashAttention tolerance rule (gpu_cases.assert_m
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -318,6 +319,45 @@ def test_split_cluster_empty_shares_and_rows(clusters_up_to_max, num_splits, d):
         if causal:  # rows 0 .. 899 see no key
             assert torch.equal(out[:, :900], torch.zeros_like(out[:, :900]))
             assert bool(torch.isneginf(lse[:, :, :900]).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+@pytest.mark.parametrize("case", ["decode", "kvcache", "rows70"])
+def test_split_cluster_merge_used_rows(clusters_up_to_max, monkeypatch, case, num_splits):
+    """FwdTileConfig.merge_used_rows forced on (off in the table until measured): the merge
+    skips the fragment rows past the tile's used query rows. Packed decode (4 of a tile's 64
+    rows used), a KV-cache decode with lengths, and 70 query rows (a partial second tile)."""
+    from cute_attn import api, fwd_sm90
+
+    table = fwd_sm90.fwd_tile_config
+    monkeypatch.setattr(fwd_sm90, "fwd_tile_config",
+                        lambda *a, **kw: dataclasses.replace(table(*a, **kw),
+                                                             merge_used_rows=True))  # fmt: skip
+    fwd_sm90._plan.cache_clear()
+    api._dense_memo.clear()
+    api._kvcache_memo.clear()
+    g = _gen(num_splits + len(case))
+    sq, h, hkv, d, sk = (70, 4, 2, 128, 3000) if case == "rows70" else (1, 32, 8, 128, 2500)
+    q = torch.randn(3, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(3, sk, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+            for _ in range(2))  # fmt: skip
+    try:
+        if case == "kvcache":
+            lens = [1, 1300, sk]
+            n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            out, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=n, num_splits=num_splits)
+            ref, ref_lse, same = _cache_ref(q, k, v, range(3), lens, causal=True)
+        else:
+            out, lse = flash_attn_func(q, k, v, causal=True, num_splits=num_splits)
+            ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=True)
+            same, _ = attention_ref(q, k, v, compute_dtype=None, causal=True)
+    finally:
+        fwd_sm90._plan.cache_clear()
+        api._dense_memo.clear()
+        api._kvcache_memo.clear()
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert_matches(out, lse, ref, ref_lse, same)
 
 
 @pytest.mark.gpu
@@ -1093,3 +1133,36 @@ def test_packed_v_tail_arrives_as_zeros_from_the_ragged_view(tmp_path):
         assert r[name]["zero_stores"] == 0, r
     assert r["packed_clean"]["zero_stores"] > 0 and r["cached"]["zero_stores"] > 0, r
     assert all(v["spills"] == 0 for v in r.values()), r
+
+
+_MERGE_ROWS_SNIPPET = r"""
+import dataclasses, hashlib, json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.common.features import InputFeatures
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+feats = InputFeatures(seqused_k=True, split_kv=True, split_cluster=True)
+base = fwd_tile_config(128, 128, False, False, decode=True, wide=True)
+out = {}
+for on in (False, True):
+    cfg = dataclasses.replace(base, merge_used_rows=on)
+    spec = FwdSpec("bfloat16", 128, 128, 8, 8, False, False, False, cfg, feats)
+    sass = _sass(compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    body = "\n".join(re.sub(r"/\*[0-9a-f]+\*/", "", l) for l in sass.splitlines() if "/*" in l)
+    out[str(on)] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                    "cluster_waits": sass.count("UCGABAR_WAIT"),
+                    "hash": hashlib.md5(body.encode()).hexdigest()}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_merge_used_rows_builds(tmp_path):
+    # FwdTileConfig.merge_used_rows (off in the table until measured) on the KV-cache split
+    # decode variant: spill-free, both cluster barriers kept, and a different kernel
+    r = run_json_snippet(_MERGE_ROWS_SNIPPET, tmp_path)
+    if not r["True"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert all(v["spills"] == 0 and v["cluster_waits"] >= 2 for v in r.values()), r
+    assert r["True"]["hash"] != r["False"]["hash"], r

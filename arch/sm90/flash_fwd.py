@@ -843,7 +843,8 @@ class FlashFwdSm90:
             cute.arch.griddepcontrol_launch_dependents()
         lse = softmax.finalize(acc_o)
         if cutlass.const_expr(self.cluster_merge):
-            if self._merge_splits(acc_o, lse, tidx, xchg):
+            used = self._used_rows(tiled_mma_pv, tidx, m_block * self.tile_m, seq.seqlen_q)
+            if self._merge_splits(acc_o, lse, tidx, xchg, used):
                 self.epilogue(
                     tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block,
                     head, out_batch,
@@ -1013,8 +1014,26 @@ class FlashFwdSm90:
 
     # ------------------------------------------------------------------ split merge
     @cute.jit
+    def _used_rows(
+        self, tiled_mma_pv: cute.TiledMma, tidx: Int32, first_row: Int32, seqlen_q: Int32
+    ) -> list:
+        """Per fragment row of this thread: whether its query row is one the epilogue stores
+        (FwdTileConfig.merge_used_rows; all True, as trace-time constants, without it)."""
+        cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
+        tOcO = acc_as_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(cO))
+        rows = cute.size(tOcO, mode=[0])
+        if cutlass.const_expr(not self.config.merge_used_rows):
+            return [True] * rows
+        return [first_row + tOcO[r, 0][0] < seqlen_q for r in range(rows)]
+
+    @cute.jit
     def _merge_splits(
-        self, acc_o: cute.Tensor, lse: cute.Tensor, tidx: Int32, xchg: cute.Pointer
+        self,
+        acc_o: cute.Tensor,
+        lse: cute.Tensor,
+        tidx: Int32,
+        xchg: cute.Pointer,
+        used: list,
     ) -> cutlass.Boolean:
         """split_cluster: merge the cluster's split partials into the leader's (rank 0's)
         registers. Every other split leaves its normalized O fragment and its rows' lse in its
@@ -1022,9 +1041,11 @@ class FlashFwdSm90:
         and after a cluster barrier the leader's thread t reads thread t's elements of every
         peer through distributed shared memory, so no value crosses threads:
             lse = log(sum_s exp(lse_s)),   out = sum_s exp(lse_s - lse) * o_s,
-        out 0 / lse -inf for a row no split saw. Arrives on the second cluster barrier (peers
-        may exit once the leader has read them); the caller waits on it. Returns whether this
-        CTA is the leader, which writes out / lse."""
+        out 0 / lse -inf for a row no split saw. `used[r]`: whether row r of the fragment is
+        merged at all (`_used_rows`; a row the epilogue does not store is left as it is).
+        Arrives on the second cluster barrier (peers may exit once the leader has read them);
+        the caller waits on it. Returns whether this CTA is the leader, which writes
+        out / lse."""
         roles = self.roles
         o = acc_as_rows_cols(acc_o)
         rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
@@ -1036,9 +1057,10 @@ class FlashFwdSm90:
         if rank > 0:
             sX = cute.make_tensor(xchg, xchg_layout)
             for r in cutlass.range_constexpr(rows):
-                for c in cutlass.range_constexpr(cols):
-                    sX[tidx, r * cols + c] = o[r, c]
-                sX[tidx, rows * cols + r] = lse[r]
+                if used[r]:
+                    for c in cutlass.range_constexpr(cols):
+                        sX[tidx, r * cols + c] = o[r, c]
+                    sX[tidx, rows * cols + r] = lse[r]
         cute.arch.cluster_arrive()  # release: the fragments above
         cute.arch.cluster_wait()  # acquire: every peer's fragments
         if rank == 0:
@@ -1054,30 +1076,36 @@ class FlashFwdSm90:
             for peer in cutlass.range(1, splits, unroll=1):
                 base = dsmem_address(xchg, peer) + tidx * 4
                 for r in cutlass.range_constexpr(rows):
-                    m[r] = cutlass.max(m[r], load_dsmem_f32(base, stride * (rows * cols + r)))
+                    if used[r]:
+                        lse_p = load_dsmem_f32(base, stride * (rows * cols + r))
+                        m[r] = cutlass.max(m[r], lse_p)
             for r in cutlass.range_constexpr(rows):
-                # a row no split saw: m = -inf; offset by 0 so every weight is exp(-inf) = 0
-                m[r] = cutlass.select_(m[r] == -Float32.inf, Float32(0.0), m[r])
-                w = cute.math.exp2((lse[r] - m[r]) * LOG2E, fastmath=True)
-                total[r] = w
-                for c in cutlass.range_constexpr(cols):
-                    o[r, c] = o[r, c] * w
+                if used[r]:
+                    # a row no split saw: m = -inf; offset by 0 so every weight is 0
+                    m[r] = cutlass.select_(m[r] == -Float32.inf, Float32(0.0), m[r])
+                    w = cute.math.exp2((lse[r] - m[r]) * LOG2E, fastmath=True)
+                    total[r] = w
+                    for c in cutlass.range_constexpr(cols):
+                        o[r, c] = o[r, c] * w
             for peer in cutlass.range(1, splits, unroll=1):
                 base = dsmem_address(xchg, peer) + tidx * 4
                 for r in cutlass.range_constexpr(rows):
-                    lse_p = load_dsmem_f32(base, stride * (rows * cols + r))
-                    w = cute.math.exp2((lse_p - m[r]) * LOG2E, fastmath=True)
-                    total[r] = total[r] + w
-                    for c in cutlass.range_constexpr(cols):
-                        o[r, c] = o[r, c] + w * load_dsmem_f32(base, stride * (r * cols + c))
+                    if used[r]:
+                        lse_p = load_dsmem_f32(base, stride * (rows * cols + r))
+                        w = cute.math.exp2((lse_p - m[r]) * LOG2E, fastmath=True)
+                        total[r] = total[r] + w
+                        for c in cutlass.range_constexpr(cols):
+                            o_p = load_dsmem_f32(base, stride * (r * cols + c))
+                            o[r, c] = o[r, c] + w * o_p
             for r in cutlass.range_constexpr(rows):
-                empty = total[r] == 0.0
-                inv = cute.arch.rcp_approx(Float32(cutlass.select_(empty, 1.0, total[r])))
-                inv = Float32(cutlass.select_(empty, 0.0, inv))
-                lse_r = m[r] + cute.math.log2(total[r], fastmath=True) * LN2
-                lse[r] = Float32(cutlass.select_(empty, -Float32.inf, lse_r))
-                for c in cutlass.range_constexpr(cols):
-                    o[r, c] = o[r, c] * inv
+                if used[r]:
+                    empty = total[r] == 0.0
+                    inv = cute.arch.rcp_approx(Float32(cutlass.select_(empty, 1.0, total[r])))
+                    inv = Float32(cutlass.select_(empty, 0.0, inv))
+                    lse_r = m[r] + cute.math.log2(total[r], fastmath=True) * LN2
+                    lse[r] = Float32(cutlass.select_(empty, -Float32.inf, lse_r))
+                    for c in cutlass.range_constexpr(cols):
+                        o[r, c] = o[r, c] * inv
         cute.arch.cluster_arrive()  # release: the leader's reads of the peers' smem
         return rank == 0
 

@@ -96,6 +96,13 @@ class FwdTileConfig:
     # (varlen_ragged_v_ab_h200.json): the bench's 16 packed causal sequences, GQA 32/8, D=128
     # 592.6 / 586.4, D=64 422.2 / 412.2; 64 sequences of 256-1024 rows, D=128 271.4 / 258.6
     ragged_v_loads: bool = True
+    # split_cluster only: the merge skips the fragment rows past the tile's used query rows
+    # (the peers' smem writes, the leader's distributed-smem reads and weights), which the
+    # epilogue never stores. A packed decode tile uses the GQA group's rows (4 of 64 at 32 /
+    # 8 heads), so the leader's critical path reads about half its fragment instead of all of
+    # it. Built (sm_90a, spill-free), not yet measured (scripts/decode_split_cluster_ab.py
+    # THIRD=1): off.
+    merge_used_rows: bool = False
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
