@@ -16,9 +16,9 @@ direct path, which costs no dispatcher overhead.
 
 `flash_attn_varlen_func` likewise traces into `cute_attn::varlen_fwd(q, k, v, cu_seqlens_q,
 cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, softmax_scale,
-window_left, window_right, softcap, fallback, deterministic, num_splits, pack_gqa) -> (out,
-lse)` (max_seqlen_q / _k
-must then be given: tracing cannot read the lengths), whose autograd formula calls
+window_left, window_right, softcap, fallback, deterministic, num_splits, pack_gqa) ->
+(out, lse)` (max_seqlen_q / _k must then be given: tracing cannot read the lengths), whose
+autograd formula calls
 `cute_attn::varlen_bwd(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k,
 max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap,
 deterministic) -> (dq, dk, dv)`: the SM90 varlen backward for q and k / v packed by
