@@ -843,7 +843,9 @@ class FlashFwdSm90:
             cute.arch.griddepcontrol_launch_dependents()
         lse = softmax.finalize(acc_o)
         if cutlass.const_expr(self.cluster_merge):
-            used = self._used_rows(tiled_mma_pv, tidx, m_block * self.tile_m, seq.seqlen_q)
+            used = None  # every row (FwdTileConfig.merge_used_rows off)
+            if cutlass.const_expr(self.config.merge_used_rows):
+                used = self._used_rows(tiled_mma_pv, tidx, m_block * self.tile_m, seq.seqlen_q)
             if self._merge_splits(acc_o, lse, tidx, xchg, used):
                 self.epilogue(
                     tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block,
@@ -1018,12 +1020,10 @@ class FlashFwdSm90:
         self, tiled_mma_pv: cute.TiledMma, tidx: Int32, first_row: Int32, seqlen_q: Int32
     ) -> list:
         """Per fragment row of this thread: whether its query row is one the epilogue stores
-        (FwdTileConfig.merge_used_rows; all True, as trace-time constants, without it)."""
+        (FwdTileConfig.merge_used_rows)."""
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         tOcO = acc_as_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(cO))
         rows = cute.size(tOcO, mode=[0])
-        if cutlass.const_expr(not self.config.merge_used_rows):
-            return [True] * rows
         return [first_row + tOcO[r, 0][0] < seqlen_q for r in range(rows)]
 
     @cute.jit
@@ -1033,7 +1033,7 @@ class FlashFwdSm90:
         lse: cute.Tensor,
         tidx: Int32,
         xchg: cute.Pointer,
-        used: list,
+        used: list | None,
     ) -> cutlass.Boolean:
         """split_cluster: merge the cluster's split partials into the leader's (rank 0's)
         registers. Every other split leaves its normalized O fragment and its rows' lse in its
@@ -1042,13 +1042,16 @@ class FlashFwdSm90:
         peer through distributed shared memory, so no value crosses threads:
             lse = log(sum_s exp(lse_s)),   out = sum_s exp(lse_s - lse) * o_s,
         out 0 / lse -inf for a row no split saw. `used[r]`: whether row r of the fragment is
-        merged at all (`_used_rows`; a row the epilogue does not store is left as it is).
+        merged at all (`_used_rows`; a row the epilogue does not store is left as it is); None:
+        every row.
         Arrives on the second cluster barrier (peers may exit once the leader has read them);
         the caller waits on it. Returns whether this CTA is the leader, which writes
         out / lse."""
         roles = self.roles
         o = acc_as_rows_cols(acc_o)
         rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
+        if cutlass.const_expr(used is None):
+            used = [True] * rows  # trace-time constants: no branch
         threads = roles.num_mma_threads
         xchg_layout = cute.make_layout((threads, rows * cols + rows), stride=(1, threads))
         rank = cute.arch.block_idx_in_cluster()
