@@ -1,4 +1,5 @@
-"""torch.library op: opcheck, and torch.compile(fullgraph=True) through flash_attn_func (CPU).
+"""torch.library ops: opcheck, and torch.compile(fullgraph=True) through flash_attn_func,
+flash_attn_varlen_func and flash_attn_with_kvcache, dynamic shapes included (CPU).
 
 The CPU runs the reference behind the op; on an SM90 GPU the same op runs the kernel (the GPU
 test file exercises that path eagerly)."""
