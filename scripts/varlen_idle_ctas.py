@@ -16,11 +16,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
-import cute_attn
-from cute_attn.bench import VARLEN_SEQLENS
+sys.path.insert(0, str(Path(__file__).parent))
+from varlen_order import round_robin  # noqa: E402
+
+import cute_attn  # noqa: E402
+from cute_attn.bench import VARLEN_SEQLENS  # noqa: E402
 
 CASES = (  # name, sequence lengths, max_seqlen_q (sizes the grid)
     ("16x1 grid8192", (1,) * 16, 8192),
@@ -32,19 +37,8 @@ CASES = (  # name, sequence lengths, max_seqlen_q (sizes the grid)
 
 
 def timed(fn, reps: int = 20, inner: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / inner)
-    return statistics.median(ts)
+    """Median ms per call: varlen_order.round_robin's timer with one label."""
+    return statistics.median(round_robin({"call": fn}, reps, per_event=inner)["call"])
 
 
 def main():
