@@ -9,7 +9,9 @@ Entry points: `run_fwd` (dense), `run_fwd_varlen` (packed by cu_seqlens), `run_f
 (a KV cache with per-row lengths, after the host appended the new keys). All three can split
 the key range over CTAs (split-KV: fp32 partials, then the combine kernel; two splits merge
 inside a thread-block cluster instead, `tile_config.fwd_split_cluster`); decode-shaped calls
-(one query row, GQA) pack the query heads of a KV head into the rows of one tile. Paged k / v
+(one query row, GQA) pack the query heads of a KV head into the rows of one tile (a host view);
+other GQA calls may pack them inside the kernel (`_pack_gqa_rows`, off in the table until
+measured). Paged k / v
 (varlen and KV-cache entries) are read page by page by TMA when a key tile fits a page
 (`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16, 48, 64, 128, 256); other
 page sizes (1-15, 200, ...) are first gathered into a dense copy by torch (`paged_route`).
@@ -38,6 +40,7 @@ from .arch.sm90.tile_config import (
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_num_splits,
+    fwd_pack_gqa,
     fwd_persistent,
     fwd_ragged_cache,
     fwd_split_cluster,
@@ -299,9 +302,12 @@ def paged_route(p: AttnProblem) -> str | None:
         return None
     pack = p.kvcache and _pack_decode(p, p.seqlen_q)  # as run_fwd_kvcache decides it
     kp = _kernel_problem(p, pack)
+    # KV-cache calls with more query rows may pack them in the kernel (the decode tile too);
+    # varlen calls (cu_seqlens_q) never do
+    decode = pack or (p.kvcache and _pack_gqa_rows(p, _PAGED_CACHE, p.seqlen_q))
     # (the `tall` bucket only changes D=64's row count, never tile_n, and `wide`'s 64 keys
     # find a TMA tile for every page size the default's 128 do: no effect on the route)
-    cfg = fwd_tile_config(p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack)
+    cfg = fwd_tile_config(p.head_dim, p.head_dim_v, kp.causal, kp.is_local, decode)
     return "tma" if paged_tile_n(cfg.tile_n, p.page_size) is not None else "gather"
 
 
@@ -371,7 +377,7 @@ class _Plan:
     combine: object | None  # the compiled combine, when the splits leave fp32 partials
     scalars: tuple  # (scale_log2, premul, window_left, window_right, rows, splits)
     splits: int
-    group: int  # query heads packed per KV head (1: not packed)
+    group: int  # query heads packed per KV head by the host view (1: not packed that way)
 
     @property
     def partials(self) -> bool:
@@ -388,12 +394,17 @@ def _plan(
     group = p.qhead_per_kvhead if pack else 1
     kp = _kernel_problem(p, pack)
     rows, heads = (group, p.num_heads_kv) if pack else (max_seqlen_q, p.num_heads)
+    # the kernel's packed rows (G x Sq a KV head) take the packed decode view's tile too
+    decode = pack
+    if not pack and _pack_gqa_rows(p, features, max_seqlen_q):
+        features = dataclasses.replace(features, pack_gqa=True)
+        rows, heads, decode = p.qhead_per_kvhead * max_seqlen_q, p.num_heads_kv, True
     page_size = p.page_size if features.paged_kv else 0
-    tall = tall_rows(kp, features, pack, max_seqlen_q)
+    tall = tall_rows(kp, features, decode, max_seqlen_q)
     num_sms = _num_sms(device_index)
     splits = _num_splits(
-        p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, pack, page_size, batch,
-        rows, heads, seqlen_k, num_sms, tall,
+        p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, decode, page_size,
+        batch, rows, heads, seqlen_k, num_sms, tall,
     )  # fmt: skip
     # a split decode grid, or an unsplit one that fills two CTAs per SM, takes that tile
     # (tile_m 64 either way, so the split count above stands)
@@ -415,7 +426,7 @@ def _plan(
     combine = None
     if feats.partials:
         combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
-    key = fwd_key(kp, features=feats, decode=pack, tall=tall, wide=wide,
+    key = fwd_key(kp, features=feats, decode=decode, tall=tall, wide=wide,
                   persistent_sms=num_sms if persistent else 0)  # fmt: skip
     return _Plan(
         fn=build_fwd(key),
@@ -493,6 +504,27 @@ def _run(
         )  # fmt: skip
         if plan.partials:
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
+
+
+def _pack_gqa_rows(p: AttnProblem, features: InputFeatures, seqlen_q: int) -> bool:
+    """Pack the query heads of a KV head into the tile's rows inside the kernel
+    (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
+    query row, or a left window): where the tuning rule takes it (tile_config.fwd_pack_gqa,
+    off until measured), never with pack_gqa=False, nor for packed q (cu_seqlens_q), nor for
+    a group that does not tile the decode tile's rows."""
+    group = p.qhead_per_kvhead
+    if group == 1 or p.pack_gqa is False or features.cu_seqlens_q or features.seqused_q:
+        return False
+    if seqlen_q == 1 and p.window_left < 0:
+        return False  # the decode view's (_pack_decode)
+    if not fwd_pack_gqa(seqlen_q, group):
+        return False
+    tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
+    return tile_m % group == 0 or group % tile_m == 0
+
+
+# the inputs paged_route asks _pack_gqa_rows about (a paged KV cache)
+_PAGED_CACHE = InputFeatures(seqused_k=True, paged_kv=True)
 
 
 def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:

@@ -5,6 +5,8 @@ Imported by those test files (pytest puts tests/ on sys.path); nothing here is a
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 SWEEP_MODES = ("full", "causal", "window", "softcap")
@@ -72,3 +74,30 @@ def assert_grads_match(got, ref, same, dtype):
         base = (s.float() - r).abs().max().item()
         atol = (r.to(dtype).float() - r).abs().max().item() + 1e-5
         assert err <= 2 * base + atol, f"{name} err {err:.3e} > 2 * {base:.3e} + {atol:.3e}"
+
+
+@contextlib.contextmanager
+def forced_host_rule(monkeypatch, name: str, value):
+    """Calls inside run with cute_attn.fwd_sm90's `name` (a tuning rule or the table it
+    imported) replaced by `value`; yields the list of forward compile keys they build or look
+    up. The host's key, plan, paged-route and launcher memos are cleared before and after, so
+    no call reuses a kernel chosen under the other rule."""
+    from cute_attn import api, fwd_sm90
+
+    keys, build = [], fwd_sm90.build_fwd
+    monkeypatch.setattr(fwd_sm90, name, value)
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
+    clears = (
+        fwd_sm90._fwd_key.cache_clear,
+        fwd_sm90._plan.cache_clear,
+        fwd_sm90.paged_route.cache_clear,
+        api._dense_memo.clear,
+        api._kvcache_memo.clear,
+    )
+    for clear in clears:
+        clear()
+    try:
+        yield keys
+    finally:
+        for clear in clears:
+            clear()

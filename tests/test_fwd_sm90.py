@@ -8,7 +8,6 @@ the output dtype. lse is compared in fp32 (both -inf on empty rows).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import pytest
@@ -19,7 +18,14 @@ from cute_attn import flash_attn_func, last_dispatch
 from cute_attn.arch.common.features import InputFeatures
 from cute_attn.reference import attention_ref
 
-from gpu_cases import SWEEP_MODES, assert_matches, attn_inputs, mode_kwargs, sweep_batch
+from gpu_cases import (
+    SWEEP_MODES,
+    assert_matches,
+    attn_inputs,
+    forced_host_rule,
+    mode_kwargs,
+    sweep_batch,
+)
 
 POISON = float("nan")
 
@@ -33,24 +39,13 @@ def _check(q, k, v, **kw):
     return out, lse
 
 
-@contextlib.contextmanager
 def _forced_table(monkeypatch, change):
     """Calls inside run the tuning table's configs passed through `change`; yields the list of
-    compile keys they build. The host's config, plan and launcher memos are cleared before and
-    after, so no call reuses another table's kernel."""
-    from cute_attn import api, fwd_sm90
+    compile keys they build (gpu_cases.forced_host_rule)."""
+    from cute_attn import fwd_sm90
 
-    table, keys, build = fwd_sm90.fwd_tile_config, [], fwd_sm90.build_fwd
-    monkeypatch.setattr(fwd_sm90, "fwd_tile_config", lambda *a, **k: change(table(*a, **k)))
-    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
-    clears = (fwd_sm90._fwd_key.cache_clear, fwd_sm90._plan.cache_clear, api._dense_memo.clear)
-    for clear in clears:
-        clear()
-    try:
-        yield keys
-    finally:
-        for clear in clears:
-            clear()
+    table = fwd_sm90.fwd_tile_config
+    return forced_host_rule(monkeypatch, "fwd_tile_config", lambda *a, **k: change(table(*a, **k)))
 
 
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 4096), (128, 128), (1024, 1024),

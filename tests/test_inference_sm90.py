@@ -26,7 +26,7 @@ from cute_attn import (
 from cute_attn.inference import apply_rotary
 from cute_attn.reference import attention_ref
 
-from gpu_cases import SWEEP_MODES, assert_matches, mode_kwargs
+from gpu_cases import SWEEP_MODES, assert_matches, forced_host_rule, mode_kwargs
 
 LENS_Q = [0, 1, 113, 5, 239, 300, 2]
 LENS_K = [3, 1, 203, 0, 1, 457, 5]
@@ -464,22 +464,19 @@ def test_kvcache_batch_idx_window_softcap(num_splits):
 def ragged_cache_built(monkeypatch):
     """tile_config.fwd_ragged_cache forced on (off in the table until measured); yields the
     forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
-    from cute_attn import api, fwd_sm90
+    with forced_host_rule(monkeypatch, "fwd_ragged_cache", lambda: True) as keys:
+        yield keys
 
-    keys, build = [], fwd_sm90.build_fwd
-    monkeypatch.setattr(fwd_sm90, "fwd_ragged_cache", lambda: True)
-    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
-    fwd_sm90._plan.cache_clear()
-    api._kvcache_memo.clear()
-    yield keys
-    fwd_sm90._plan.cache_clear()
-    api._kvcache_memo.clear()
+
+def _feature_flags(keys, name: str) -> list[bool]:
+    """InputFeatures.<name> of each forward compile key."""
+    from cute_attn.arch.common.features import InputFeatures
+
+    return [getattr(InputFeatures(*k.features), name) for k in keys]
 
 
 def _ragged_cache_flags(keys) -> list[bool]:
-    from cute_attn.arch.common.features import InputFeatures
-
-    return [InputFeatures(*k.features).ragged_cache for k in keys]
+    return _feature_flags(keys, "ragged_cache")
 
 
 @pytest.mark.gpu
@@ -609,6 +606,113 @@ def test_kvcache_torch_compile_decode_loop():
     qr = apply_rotary(q, cos, sin, (n + 2).long()[:, None], True)
     ref, ref_lse, same = _cache_ref(qr, ke, ve, range(2), (n + 3).tolist(), causal=True)
     assert_matches(out, lse, ref, ref_lse, same)
+
+
+# ------------------------------------------------------------------ packed GQA rows
+
+
+@pytest.fixture
+def pack_gqa_built(monkeypatch):
+    """tile_config.fwd_pack_gqa forced on (off in the table until measured); yields the
+    forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
+    with forced_host_rule(monkeypatch, "fwd_pack_gqa", lambda seqlen_q, group: True) as keys:
+        yield keys
+
+
+# (head dim, H, Hkv, Sq, num_splits, mode): G = 4 / 8 / 16 / 128 query heads a KV head;
+# unsplit, the table's splits, fp32 partials and the cluster merge; the causal corner, with a
+# left window, softcap and an unbounded window; G x Sq past one tile of rows (40 x 4); G
+# larger than the tile (128 heads of MQA: two tiles a position)
+PACK_CASES = [
+    (128, 8, 2, 4, 0, "causal"), (128, 8, 2, 4, 1, "causal"), (128, 8, 2, 3, 3, "left"),
+    (128, 16, 2, 7, 1, "softcap"), (128, 8, 1, 5, 2, "causal"), (64, 32, 8, 2, 0, "causal"),
+    (64, 16, 2, 6, 1, "window"), (256, 8, 2, 4, 0, "causal"), (256, 32, 2, 3, 1, "causal"),
+    (128, 8, 2, 40, 1, "causal"), (64, 128, 1, 2, 1, "causal"),
+]  # fmt: skip
+PACK_MODES = {
+    "causal": {"causal": True},
+    "left": {"causal": True, "window_size": (5, None)},
+    "softcap": {"causal": True, "softcap": 20.0},
+    "window": {"window_size": (37, 11)},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,h,hkv,sq,num_splits,mode", PACK_CASES)
+def test_kvcache_pack_gqa_rows(pack_gqa_built, d, h, hkv, sq, num_splits, mode):
+    # speculative decoding: Sq new tokens appended at each row's length, then attended with
+    # the query heads of each KV head packed into the tile's rows (InputFeatures.pack_gqa).
+    # Lengths 0 (only the new keys: under the causal corner the first rows see fewer than
+    # Sq), 1, odd, and up to the capacity; unwritten cache rows hold Inf (k) / NaN (v). A
+    # read-only repeat through the memo's launcher gives the same bits.
+    b, cap, kw = 4, 700, PACK_MODES[mode]
+    q, kc, vc = _cache_case(b, sq, h, hkv, d, cap, seed=d + h + sq + num_splits)
+    g = _gen(sq)
+    kn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+    vn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+    lens_old = [0, 1, 333, cap - sq]
+    for i, n_old in enumerate(lens_old):
+        kc[i, n_old:] = float("inf")
+        vc[i, n_old:] = float("nan")
+    n = torch.tensor(lens_old, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, num_splits=num_splits,
+                                       **kw)  # fmt: skip
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+    lens = [x + sq for x in lens_old]
+    ref, ref_lse, same = _cache_ref(q, kc, vc, range(b), lens, **kw)
+    assert_matches(out, lse, ref, ref_lse, same)
+    n_new = n + sq
+    for _ in range(2):  # the first call builds the memo entry, the second launches through it
+        again, lse_again = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n_new,
+                                                   num_splits=num_splits, **kw)  # fmt: skip
+        assert torch.equal(again, out) and torch.equal(lse_again, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_kvcache_paged_pack_gqa_rows(pack_gqa_built, page_size):
+    # packed rows over a paged cache (one TMA box per key tile of a page), pages shuffled,
+    # partial last pages poisoned
+    b, h, hkv, d, sq = 4, 16, 4, 128, 3
+    g = _gen(300 + page_size)
+    max_pages = -(-900 // page_size)
+    lens = [0, 1, 517, max_pages * page_size]
+    kp, vp, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, kp, vp, cache_seqlens=n, page_table=table)
+    _check_route(page_size)
+    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+    ks, vs = _dense_rows(kp, table, lens), _dense_rows(vp, table, lens)
+    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "sq,sk,dtype,kw",
+    [(1, 700, torch.bfloat16, {"window_size": (50, None)}),
+     (17, 1000, torch.bfloat16, {"causal": True}),
+     (100, 333, torch.float16, {}),
+     (40, 20, torch.bfloat16, {"causal": True, "window_size": (9, None)})],
+)  # fmt: skip
+def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw):
+    # flash_attn_func with packed rows: one query row under a left window (the decode view
+    # cannot take it), a few rows, several tiles of rows, rows that see no key (Sq > Sk under
+    # the causal corner, with a left window); pack_gqa=False keeps query heads apart
+    from gpu_cases import attn_inputs
+
+    q, k, v = attn_inputs(3, sq, sk, 32, 8, 128, 128, dtype, seed=sq)
+    for pack, flag in ((None, True), (False, False)):
+        pack_gqa_built.clear()
+        out, lse = flash_attn_func(q, k, v, pack_gqa=pack, **kw)
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        assert _feature_flags(pack_gqa_built, "pack_gqa") == [flag], pack_gqa_built
+        ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, **kw)
+        same, _ = attention_ref(q, k, v, compute_dtype=None, **kw)
+        assert_matches(out, lse, ref, ref_lse, same)
 
 
 # ------------------------------------------------------------------ paged KV
@@ -1166,3 +1270,73 @@ def test_merge_used_rows_builds(tmp_path):
         pytest.skip("nvdisasm not installed: cannot read SASS")
     assert all(v["spills"] == 0 and v["cluster_waits"] >= 2 for v in r.values()), r
     assert r["True"]["hash"] != r["False"]["hash"], r
+
+
+_PACK_GQA_SNIPPET = r"""
+import glob, json, os, re, tempfile
+dump = tempfile.mkdtemp()
+os.environ.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=dump)
+from cute_attn.aot import _sass
+from cute_attn.arch.common.features import InputFeatures as F
+from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
+from cute_attn.arch.sm90.tile_config import fwd_tile_config
+cache = dict(seqused_k=True, pack_gqa=True)
+cases = {  # name: (d, heads, kv heads, left, right, features, page size)
+    "cache_causal": (128, 32, 8, False, True, F(**cache), 0),
+    "window_partials": (64, 16, 2, True, True, F(split_kv=True, **cache), 0),
+    "cluster": (128, 32, 8, False, True, F(split_kv=True, split_cluster=True, **cache), 0),
+    "paged": (128, 32, 8, False, True, F(paged_kv=True, **cache), 64),
+    "d256": (256, 32, 2, False, True, F(**cache), 0),
+    "dense_mqa": (64, 128, 1, False, False, F(pack_gqa=True), 0),
+}
+out = {}
+for name, (d, h, hkv, left, right, feats, page) in cases.items():
+    for f in glob.glob(os.path.join(dump, "*")):
+        os.remove(f)
+    cfg = fwd_tile_config(d, d, right and not left, left, True, page)
+    spec = FwdSpec("bfloat16", d, d, h, hkv, left, right, False, cfg, feats)
+    sass = _sass(compile_fwd(spec, f"--keep-cubin --dump-dir={dump}").__cubin__)
+    ir = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.mlir")))
+    out[name] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                 "hgmma": sass.count("HGMMA"), "tma_loads": sass.count("UTMALDG"),
+                 "group": h // hkv, "tile_m": cfg.tile_m,
+                 "boxes": sorted(set(re.findall(r'tma_gbasis = <"\(([0-9,()]+)\)', ir)))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_pack_gqa_rows_build(tmp_path):
+    # InputFeatures.pack_gqa (off in the table until measured): the KV-cache, windowed split,
+    # cluster-merged, paged, D=256 and dense MQA (G = 128 > tile_m) variants build
+    # spill-free with wgmma and TMA loads, and Q's TMA box spans the packed rows as two
+    # dimensions: (G, tile_m / G) query heads x positions, or (tile_m, 1) heads of one
+    # position when G > tile_m
+    r = run_json_snippet(_PACK_GQA_SNIPPET, tmp_path)
+    if not r["cache_causal"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for name, v in r.items():
+        assert v["spills"] == 0 and v["hgmma"] > 0 and v["tma_loads"] > 0, (name, v)
+        g, m = v["group"], v["tile_m"]
+        rows = f"{g},{m // g}," if g <= m else f"{m},1,"
+        assert any(b.split(",", 1)[1].startswith(rows) for b in v["boxes"]), (name, v)
+
+
+def test_pack_gqa_rows_kernel_checks():
+    # the kernel's own checks (the host never asks for these): a group that does not tile
+    # the rows (6 into 64), and a persistent grid
+    import cutlass
+
+    from cute_attn.arch.common.features import InputFeatures
+    from cute_attn.arch.sm90.flash_fwd import FlashFwdSm90
+    from cute_attn.arch.sm90.tile_config import fwd_tile_config
+
+    feats = InputFeatures(seqused_k=True, pack_gqa=True)
+    decode = fwd_tile_config(128, 128, True, False, True)
+    args = (cutlass.BFloat16, 128, 128)
+    FlashFwdSm90(*args, 4, False, True, False, decode, feats)
+    with pytest.raises(ValueError, match="6 query heads a KV head vs tile_m 64"):
+        FlashFwdSm90(*args, 6, False, True, False, decode, feats)
+    persistent = fwd_tile_config(128, 128, False, False, persistent_sms=132)
+    with pytest.raises(ValueError, match="persistent"):
+        FlashFwdSm90(*args, 4, False, False, False, persistent, InputFeatures(pack_gqa=True))

@@ -17,6 +17,7 @@ from cute_attn.arch.sm90.tile_config import (
     bwd_tile_config,
     fills_tall_tiles,
     fills_two_ctas_per_sm,
+    fwd_pack_gqa,
     fwd_split_cluster,
     fwd_tile_config,
     paged_tile_n,
@@ -156,6 +157,59 @@ def test_split_cluster_rule_and_plans(monkeypatch):
         assert plan.splits > 1 and feats.split_kv, (d, splits)
         assert feats.split_cluster is cluster and plan.partials is not cluster, (d, splits)
         assert (plan.combine is None) is cluster, (d, splits)
+    fwd_sm90._plan.cache_clear()
+
+
+def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
+    # fwd_sm90._pack_gqa_rows / _plan: with tile_config.fwd_pack_gqa forced on, the GQA calls
+    # the Sq = 1 host view does not pack (more query rows, a left window) build
+    # InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads; groups
+    # that do not tile its rows, MHA, pack_gqa=False and packed q stay unpacked. The table
+    # keeps it off until measured.
+    from cute_attn import fwd_sm90
+
+    assert not fwd_pack_gqa(4, 4)
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
+    cache = InputFeatures(seqused_k=True)
+
+    def problem(sq, h, hkv, left=-1, pack=None, d=128):
+        return AttnProblem(
+            batch=2, seqlen_q=sq, seqlen_k=1000, num_heads=h, num_heads_kv=hkv, head_dim=d,
+            head_dim_v=d, dtype="bfloat16", device_type="cuda", device_index=0,
+            softmax_scale=0.1, causal=True, window_left=left, window_right=0, softcap=0.0,
+            kvcache=True, pack_gqa=pack,
+        )  # fmt: skip
+
+    assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), cache, 4)  # the table: off
+    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa", lambda seqlen_q, group: True)
+    fwd_sm90._plan.cache_clear()
+    cases = [  # (Sq, H, Hkv, left, pack_gqa, packed in the kernel)
+        (4, 32, 8, -1, None, True), (4, 32, 8, -1, True, True), (4, 32, 8, -1, False, False),
+        (1, 32, 8, -1, None, False),  # the decode view packs it (no kernel feature)
+        (1, 32, 8, 100, None, True), (7, 16, 2, 5, None, True), (3, 128, 1, -1, None, True),
+        (4, 8, 8, -1, None, False),  # MHA
+        (4, 12, 2, -1, None, False),  # G = 6 does not tile 64 rows
+    ]  # fmt: skip
+    for sq, h, hkv, left, pack, packed in cases:
+        p = problem(sq, h, hkv, left, pack)
+        assert fwd_sm90._pack_gqa_rows(p, cache, sq) is packed, (sq, h, hkv, left, pack)
+        plan = fwd_sm90._plan(p, cache, 2, sq, 1000, fwd_sm90._pack_decode(p, sq), 0)
+        feats = InputFeatures(*plan.fn.features)
+        assert feats.pack_gqa is packed and plan.group == (
+            1 if packed or sq > 1 or left >= 0 else h // hkv
+        ), (sq, h, hkv, left)
+        if packed:  # the decode tile, the grid's rows G x Sq, the key's heads unchanged
+            decode = fwd_tile_config(128, 128, True, left >= 0, True)
+            assert FwdTileConfig(*plan.fn.tile).tile_m == decode.tile_m
+            assert plan.scalars[4] == h // hkv * sq
+            assert (plan.fn.num_heads, plan.fn.num_heads_kv) == (h, hkv)
+    # packed q keeps one stride a row: never packed in the kernel
+    varlen = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
+    assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), varlen, 4)
+    with pytest.raises(ValueError, match="pack_gqa"):
+        InputFeatures(cu_seqlens_q=True, pack_gqa=True)
     fwd_sm90._plan.cache_clear()
 
 

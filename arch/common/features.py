@@ -41,6 +41,12 @@ class InputFeatures:
     # B x capacity rows, which ends at each row's last used key (row kv_batch's keys start at
     # row kv_batch x capacity), so the TMA zero-fills the rest of the last key tile
     ragged_cache: bool = False
+    # GQA with the G = H / Hkv query heads of a KV head packed into one tile's rows: q / out /
+    # lse rows (r, i) of query head g * G + r and position i form the hierarchical row mode
+    # (G, seqlen_q) of KV head g (row r + G * i), so each K/V tile is read once for all G
+    # heads; the mask maps row -> position i = row // G. The grid walks KV heads. Not with
+    # packed q (cu_seqlens_q / seqused_q): their ragged row views have one stride
+    pack_gqa: bool = False
 
     def __post_init__(self):
         if self.split_cluster and not self.split_kv:
@@ -49,6 +55,8 @@ class InputFeatures:
             self.seqused_k and not self.cu_seqlens_k and not self.paged_kv
         ):
             raise ValueError("ragged_cache: dense k / v with seqused_k (not packed, not paged)")
+        if self.pack_gqa and (self.cu_seqlens_q or self.seqused_q):
+            raise ValueError("pack_gqa: q rows not packed by cu_seqlens_q / seqused_q")
 
     @property
     def partials(self) -> bool:

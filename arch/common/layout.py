@@ -57,6 +57,19 @@ def select_modes(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, modes))
 
 
+def pack_gqa_rows(t: cute.Tensor, group: int, head_mode: int) -> cute.Tensor:
+    """The packed-GQA view of t (seq, ..., heads, ...) (features.InputFeatures.pack_gqa): mode
+    0 becomes the rows ((group, seq)) of one KV head's `group` query heads, row r + group * i
+    at query head kv_head * group + r and position i, and the head mode walks KV heads
+    (heads / group, stride group x the head stride). Two strides in one row mode: TMA boxes
+    and partitions take it as two dimensions, so a tile of rows needs group | tile_m."""
+    shape, stride = list(t.shape), list(t.stride)
+    s_head = stride[head_mode]
+    shape[0], stride[0] = (group, shape[0]), (s_head, stride[0])
+    shape[head_mode], stride[head_mode] = shape[head_mode] // group, s_head * group
+    return cute.make_tensor(t.iterator, cute.make_layout(tuple(shape), stride=tuple(stride)))
+
+
 __all__ = [
     "acc_rows_cols_layout",
     "acc_as_rows_cols",
@@ -64,4 +77,5 @@ __all__ = [
     "acc_as_operand_a_layout",
     "transpose_smem_view",
     "select_modes",
+    "pack_gqa_rows",
 ]

@@ -8,6 +8,10 @@ offset = seqlen_k - seqlen_q (bottom-right alignment), key j is visible to query
     and (no right bound or j <= i + offset + window_right).
 Causal is window_right = 0 (folded in by the host). Which bounds exist is compile-time
 (`has_left`, `has_right`); their values are runtime Int32 so windows never recompile.
+
+Under packed GQA (features.InputFeatures.pack_gqa) a forward tile's rows are (query head,
+position) pairs, G rows a position: row r is query i = r // G (`rows_per_query` = G, static),
+and every bound above applies to i. The backward's ranges take one row a query.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class TileMask(DslStruct):
         has_left: bool,
         has_right: bool,
         bits: bool = False,
+        rows_per_query: int = 1,
     ):
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -87,6 +92,18 @@ class TileMask(DslStruct):
         self.has_right = has_right
         # apply() through per-row keep bits (FwdTileConfig.mask_bits)
         self.bits = bits
+        # packed GQA: tile row r holds query r // rows_per_query (seqlen_q counts queries)
+        self.rows_per_query = rows_per_query
+
+    def _query(self, row: Int32) -> Int32:
+        """The query (position) of tile row `row`."""
+        if cutlass.const_expr(self.rows_per_query == 1):
+            return row
+        return row // self.rows_per_query
+
+    def _one_row_a_query(self, what: str):
+        if self.rows_per_query != 1:
+            raise ValueError(f"TileMask.{what} takes one row a query (no packed GQA rows)")
 
     @cute.jit
     def n_block_range(self, m_block: Int32):
@@ -96,11 +113,15 @@ class TileMask(DslStruct):
         if cutlass.const_expr(self.has_right):
             # the last row of the tile sees furthest right
             last_row = cutlass.min(m_block * self.tile_m + self.tile_m, self.seqlen_q) - 1
+            if cutlass.const_expr(self.rows_per_query > 1):
+                last_row = cutlass.min(
+                    self._query(m_block * self.tile_m + self.tile_m - 1), self.seqlen_q - 1
+                )
             right_edge = last_row + offset + self.window_right + 1
             n_max = cutlass.min(n_max, cute.ceil_div(cutlass.max(right_edge, 0), self.tile_n))
         n_min = Int32(0)
         if cutlass.const_expr(self.has_left):
-            left_edge = m_block * self.tile_m + offset - self.window_left
+            left_edge = self._query(m_block * self.tile_m) + offset - self.window_left
             n_min = cutlass.max(left_edge, 0) // self.tile_n
         return n_min, n_max
 
@@ -108,6 +129,7 @@ class TileMask(DslStruct):
     def m_block_range(self, n_block: Int32):
         """[m_min, m_max) of query tiles with at least one row that sees a key of this key tile
         (the backward walks these for one K/V tile). Empty when m_max <= m_min."""
+        self._one_row_a_query("m_block_range")
         offset = self.seqlen_k - self.seqlen_q
         m_max = cute.ceil_div(self.seqlen_q, self.tile_m)
         m_min = Int32(0)
@@ -133,13 +155,13 @@ class TileMask(DslStruct):
         b = cutlass.min(n_hi, self.seqlen_k // self.tile_n)
         if cutlass.const_expr(self.has_right):
             # tile n ends at (n + 1) * tile_n - 1 <= the first row's right bound
-            edge = m_block * self.tile_m + offset + self.window_right + 1
+            edge = self._query(m_block * self.tile_m) + offset + self.window_right + 1
             b = cutlass.min(b, cutlass.max(edge, 0) // self.tile_n)
         b = cutlass.max(b, n_lo)
         a = n_lo
         if cutlass.const_expr(self.has_left):
             # tile n starts at n * tile_n >= the last row's left bound
-            edge = m_block * self.tile_m + self.tile_m - 1 + offset - self.window_left
+            edge = self._query(m_block * self.tile_m + self.tile_m - 1) + offset - self.window_left
             a = cutlass.min(cutlass.max(cute.ceil_div(cutlass.max(edge, 0), self.tile_n), n_lo), b)
         return a, b
 
@@ -149,6 +171,7 @@ class TileMask(DslStruct):
         (`tile_needs_mask(m, n_block)` is False for every m in it), the backward's twin of
         `unmasked_range`. Tiles in [m_lo, a) and [b, m_hi) may need one. Without a left bound
         b = m_hi; a key tile crossing seqlen_k needs the mask everywhere: a = b = m_hi."""
+        self._one_row_a_query("unmasked_m_range")
         offset = self.seqlen_k - self.seqlen_q
         col_lo = n_block * self.tile_n
         col_hi = col_lo + self.tile_n - 1
@@ -175,6 +198,7 @@ class TileMask(DslStruct):
         `n_block_range` it does not clip the query tile at seqlen_q, because m_block_range
         does not either (a key tile may visit a query tile whose real rows cannot see it;
         its P is 0 there), and the deterministic turn count must match that set exactly."""
+        self._one_row_a_query("n_block_end_bwd")
         n_end = cute.ceil_div(self.seqlen_k, self.tile_n)
         if cutlass.const_expr(self.has_right):
             offset = self.seqlen_k - self.seqlen_q
@@ -190,6 +214,7 @@ class TileMask(DslStruct):
         col_hi = col_lo + self.tile_n - 1
         row_lo = m_block * self.tile_m
         row_hi = row_lo + self.tile_m - 1
+        row_lo, row_hi = self._query(row_lo), self._query(row_hi)
         need = col_hi >= self.seqlen_k
         if cutlass.const_expr(self.has_right):
             need = need or col_hi > row_lo + offset + self.window_right
@@ -230,6 +255,8 @@ class TileMask(DslStruct):
         offset = self.seqlen_k - self.seqlen_q
         col0 = m_block * self.tile_m if cutlass.const_expr(transposed) else n_block * self.tile_n
         row0 = n_block * self.tile_n if cutlass.const_expr(transposed) else m_block * self.tile_m
+        if cutlass.const_expr(transposed):
+            self._one_row_a_query("apply(transposed=True)")
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
             row = row0 + c[r, 0][0]  # a few rows a thread: read as is
             if cutlass.const_expr(transposed):
@@ -244,6 +271,7 @@ class TileMask(DslStruct):
                 hi = cutlass.select_(row < self.seqlen_k, hi, lo)
             else:
                 # query row i sees keys j in [i + offset - left, i + offset + right], j < Sk
+                row = self._query(row)
                 hi = self.seqlen_k - col0
                 if cutlass.const_expr(self.has_right):
                     hi = cutlass.min(hi, row + offset + self.window_right + 1 - col0)

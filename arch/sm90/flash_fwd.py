@@ -27,7 +27,10 @@ split_cluster inside the cluster of the tile's splits). The V rows past a sequen
 last key tile never reach P V: packed, unpaged k / v load V through a ragged view that ends at
 each sequence's last key (TMA fills the rest with zeros); with seqused_k alone or pages they
 are zeroed in smem. batch_order: grid z-slice z computes batch row batch_order[z] (longest
-first).
+first). pack_gqa: the grid walks KV heads and a tile's rows are the (query head, position)
+pairs of one KV head's G query heads, G rows a position (`layout.pack_gqa_rows`: TMA boxes
+and partitions see the row mode (G, seqlen_q) as two strides, so G must divide tile_m or
+tile_m divide G); the mask reads row // G as the query.
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
@@ -52,7 +55,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..common.convert import convert_pairs
 from ..common.features import InputFeatures
-from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
+from ..common.layout import (
+    acc_as_operand_a,
+    acc_as_rows_cols,
+    pack_gqa_rows,
+    select_modes,
+    transpose_smem_view,
+)
 from ..common.mask import TileMask, apply_softcap
 from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, ragged_rows
@@ -153,6 +162,15 @@ class FlashFwdSm90:
             raise ValueError("seqused_q needs packed q (cu_seqlens_q) or split-KV partials")
         if feats.paged_kv and feats.kv_batch_idx:
             raise ValueError("paged_kv maps batch rows to pages itself: no kv_batch_idx")
+        # packed GQA: G = qhead_per_kvhead rows a query position; a tile's rows must be whole
+        # positions (or whole tiles of one position's heads) for TMA boxes over (G, seq)
+        self.pack_rows = self.qhead_per_kvhead if feats.pack_gqa else 1
+        if feats.pack_gqa:
+            g, m = self.qhead_per_kvhead, cfg.tile_m
+            if g == 1 or (m % g and g % m):
+                raise ValueError(f"pack_gqa: {g} query heads a KV head vs tile_m {m}")
+            if cfg.persistent_ctas:
+                raise ValueError("pack_gqa: not with a persistent grid")
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         # ping-pong: the consumer warpgroups take turns round-robin (the table decides when)
@@ -240,6 +258,10 @@ class FlashFwdSm90:
         mQ, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ, mO)]
         mK, mV = [select_modes(t, [1, 3, 2, 0]) for t in (mK, mV)]
         mLSE = select_modes(mLSE, [2, 1, 0])  # (seq, head, batch)
+        if cutlass.const_expr(feats.pack_gqa):
+            # rows ((G, seq)) of each KV head's query heads; the grid walks KV heads
+            mQ, mO = [pack_gqa_rows(t, self.pack_rows, 2) for t in (mQ, mO)]
+            mLSE = pack_gqa_rows(mLSE, self.pack_rows, 1)
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
@@ -473,20 +495,28 @@ class FlashFwdSm90:
             capacity_k = mK.shape[0]  # keys per batch row of k / v; paged: per page
             if cutlass.const_expr(feats.paged_kv):
                 capacity_k = mPageTable.shape[1] * mK.shape[0]
+            rows_q = mQ.shape[0]
+            if cutlass.const_expr(feats.pack_gqa):
+                rows_q = cute.size(mQ, mode=[0])  # G x seqlen_q
             seq = SeqInfo.create(
-                feats, batch, mQ.shape[0], capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
+                feats, batch, rows_q, capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
                 mSeqUsedK, mKvBatchIdx, mK.shape[3],
             )  # fmt: skip
+            # the mask counts query positions (seq.seqlen_q counts the tile's rows)
+            queries = seq.seqlen_q
+            if cutlass.const_expr(feats.pack_gqa):
+                queries = seq.seqlen_q // self.pack_rows
             mask = TileMask(
                 self.tile_m,
                 self.tile_n,
-                seq.seqlen_q,
+                queries,
                 seq.seqlen_k,
                 window_left,
                 window_right,
                 self.has_left,
                 self.has_right,
                 self.config.mask_bits,
+                self.pack_rows,
             )
             n_min, n_max = mask.n_block_range(m_block)
             if cutlass.const_expr(feats.split_kv):
@@ -558,7 +588,9 @@ class FlashFwdSm90:
     ):
         """Q and the K / V tiles of one query tile. Returns the pipeline states after them (a
         persistent CTA's next tile continues from there)."""
-        head_kv = head // self.qhead_per_kvhead
+        head_kv = head  # packed GQA: the grid walks KV heads
+        if cutlass.const_expr(not self.features.pack_gqa):
+            head_kv = head // self.qhead_per_kvhead
         gQ = cute.local_tile(
             seq.rows_q(mQ[None, None, head, seq.q_batch]),
             (self.tile_m, self.head_dim),

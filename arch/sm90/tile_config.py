@@ -644,6 +644,17 @@ def fwd_ragged_cache() -> bool:
     return False
 
 
+def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
+    """Whether a GQA forward that the Sq = 1 host view does not pack (more than one query
+    row, e.g. speculative decoding, or a left window) packs its query heads into the tile's
+    rows inside the kernel (InputFeatures.pack_gqa): each K/V tile is then read once for the
+    `group` query heads of its KV head instead of once per query head. Built in the fortieth
+    session without a GPU (sm_90a, spill-free; the TMA boxes take (G, positions) as two
+    dimensions), not yet run: off. scripts/pack_gqa_ab.py measures it against unpacked
+    launches and the GPU tests force it on."""
+    return False
+
+
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
 MAX_CLUSTER_SPLITS = 8
 
