@@ -302,9 +302,9 @@ def paged_route(p: AttnProblem) -> str | None:
         return None
     pack = p.kvcache and _pack_decode(p, p.seqlen_q)  # as run_fwd_kvcache decides it
     kp = _kernel_problem(p, pack)
-    # KV-cache calls with more query rows may pack them in the kernel (the decode tile too);
-    # varlen calls (cu_seqlens_q) never do
-    decode = pack or (p.kvcache and _pack_gqa_rows(p, _PAGED_CACHE, p.seqlen_q))
+    # calls the decode view does not pack may pack their rows in the kernel (the decode tile
+    # too); p.seqlen_q is a varlen call's longest sequence, as _run's max_seqlen_q
+    decode = pack or _pack_gqa_rows(p, p.seqlen_q)
     # (the `tall` bucket only changes D=64's row count, never tile_n, and `wide`'s 64 keys
     # find a TMA tile for every page size the default's 128 do: no effect on the route)
     cfg = fwd_tile_config(p.head_dim, p.head_dim_v, kp.causal, kp.is_local, decode)
@@ -396,7 +396,7 @@ def _plan(
     rows, heads = (group, p.num_heads_kv) if pack else (max_seqlen_q, p.num_heads)
     # the kernel's packed rows (G x Sq a KV head) take the packed decode view's tile too
     decode = pack
-    if not pack and _pack_gqa_rows(p, features, max_seqlen_q):
+    if not pack and _pack_gqa_rows(p, max_seqlen_q):
         features = dataclasses.replace(features, pack_gqa=True)
         rows, heads, decode = p.qhead_per_kvhead * max_seqlen_q, p.num_heads_kv, True
     page_size = p.page_size if features.paged_kv else 0
@@ -506,25 +506,21 @@ def _run(
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
 
 
-def _pack_gqa_rows(p: AttnProblem, features: InputFeatures, seqlen_q: int) -> bool:
+def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     """Pack the query heads of a KV head into the tile's rows inside the kernel
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
-    query row, or a left window): where the tuning rule takes it (tile_config.fwd_pack_gqa,
-    off until measured), never with pack_gqa=False, nor for packed q (cu_seqlens_q), nor for
-    a group that does not tile the decode tile's rows."""
+    query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
+    the tuning rule takes it (tile_config.fwd_pack_gqa, off until measured), never with
+    pack_gqa=False, nor for a group that does not tile the decode tile's rows."""
     group = p.qhead_per_kvhead
-    if group == 1 or p.pack_gqa is False or features.cu_seqlens_q or features.seqused_q:
+    if group == 1 or p.pack_gqa is False:
         return False
-    if seqlen_q == 1 and p.window_left < 0:
+    if seqlen_q == 1 and p.window_left < 0 and not p.varlen:
         return False  # the decode view's (_pack_decode)
     if not fwd_pack_gqa(seqlen_q, group):
         return False
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
     return tile_m % group == 0 or group % tile_m == 0
-
-
-# the inputs paged_route asks _pack_gqa_rows about (a paged KV cache)
-_PAGED_CACHE = InputFeatures(seqused_k=True, paged_kv=True)
 
 
 def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:

@@ -193,6 +193,10 @@ def test_varlen_seqused_k_ignores_poisoned_tail():
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("with_seqused_k", [False, True])
 def test_varlen_seqused_q(num_splits, with_seqused_k):
+    _check_seqused_q(num_splits, with_seqused_k)
+
+
+def _check_seqused_q(num_splits, with_seqused_k):
     # sequence b uses its first seqused_q[b] rows (its Sq for the bottom-right corner); the rest
     # of its span gets out 0 / lse -inf, whatever out's memory held before
     lens_q, lens_k = [5, 300, 1, 130, 0], [40, 300, 129, 7, 3]
@@ -713,6 +717,51 @@ def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw):
         ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, **kw)
         same, _ = attention_ref(q, k, v, compute_dtype=None, **kw)
         assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "d,mode,num_splits",
+    [(128, "full", 1), (128, "causal", 1), (128, "window", 1), (128, "softcap", 3),
+     (64, "causal", 3)],
+)  # fmt: skip
+def test_varlen_pack_gqa_rows(pack_gqa_built, d, mode, num_splits):
+    # packed sequences (lengths 0, 1, odd, past a tile of rows) with each KV head's query
+    # heads packed into the rows: Q loads from each sequence's first row, O stores stop at
+    # its last (the ragged view's seq part), so neighbours stay untouched
+    _check_varlen(8, 2, d, torch.bfloat16, mode_kwargs(mode), num_splits)
+    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+
+
+@pytest.mark.gpu
+def test_varlen_seqused_q_pack_gqa_rows(pack_gqa_built):
+    _check_seqused_q(3, True)
+    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_varlen_decode_paged_pack_gqa_rows(pack_gqa_built, page_size):
+    # decode through the varlen entry as a paged serving engine calls it: one query row a
+    # sequence (and a 3-row and an empty one), keys in shuffled pages, lengths from
+    # seqused_k, the causal corner
+    h, hkv, d = 32, 8, 128
+    lens_q, lens_k = [1, 1, 3, 0, 1], [1, 517, 64, 5, 900]
+    g = _gen(400 + page_size)
+    max_pages = -(-max(lens_k) // page_size) + 1
+    kp, vp, table = _paged_cache(len(lens_k), hkv, d, page_size, max_pages, lens_k, g)
+    q = _packed(lens_q, h, d, torch.bfloat16, g)
+    n = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_varlen_func(
+        q, kp, vp, cu_seqlens_q=_cu(lens_q), max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+        page_table=table, seqused_k=n, causal=True,
+    )  # fmt: skip
+    _check_route(page_size)
+    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+    k = torch.cat([x[0] for x in _dense_rows(kp, table, lens_k)])
+    v = torch.cat([x[0] for x in _dense_rows(vp, table, lens_k)])
+    ref, ref_lse, same = _per_sequence_ref(q, k, v, lens_q, lens_k, causal=True)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 # ------------------------------------------------------------------ paged KV
@@ -1288,6 +1337,9 @@ cases = {  # name: (d, heads, kv heads, left, right, features, page size)
     "paged": (128, 32, 8, False, True, F(paged_kv=True, **cache), 64),
     "d256": (256, 32, 2, False, True, F(**cache), 0),
     "dense_mqa": (64, 128, 1, False, False, F(pack_gqa=True), 0),
+    "varlen": (128, 32, 8, False, True, F(cu_seqlens_q=True, cu_seqlens_k=True, pack_gqa=True), 0),
+    "varlen_paged_split": (128, 32, 8, False, True, F(cu_seqlens_q=True, seqused_q=True,
+                           seqused_k=True, paged_kv=True, split_kv=True, pack_gqa=True), 64),
 }
 out = {}
 for name, (d, h, hkv, left, right, feats, page) in cases.items():
@@ -1308,10 +1360,11 @@ print(json.dumps(out))
 @pytest.mark.compile
 def test_pack_gqa_rows_build(tmp_path):
     # InputFeatures.pack_gqa (off in the table until measured): the KV-cache, windowed split,
-    # cluster-merged, paged, D=256 and dense MQA (G = 128 > tile_m) variants build
-    # spill-free with wgmma and TMA loads, and Q's TMA box spans the packed rows as two
-    # dimensions: (G, tile_m / G) query heads x positions, or (tile_m, 1) heads of one
-    # position when G > tile_m
+    # cluster-merged, paged, D=256, dense MQA (G = 128 > tile_m) and packed-sequence (O
+    # stored through the ragged view; paged with split partials) variants build spill-free
+    # with wgmma and TMA loads, and Q's TMA box spans the packed rows as two dimensions: (G,
+    # tile_m / G) query heads x positions, or (tile_m, 1) heads of one position when G >
+    # tile_m
     r = run_json_snippet(_PACK_GQA_SNIPPET, tmp_path)
     if not r["cache_causal"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")

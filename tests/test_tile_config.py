@@ -162,9 +162,9 @@ def test_split_cluster_rule_and_plans(monkeypatch):
 
 def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     # fwd_sm90._pack_gqa_rows / _plan: with tile_config.fwd_pack_gqa forced on, the GQA calls
-    # the Sq = 1 host view does not pack (more query rows, a left window) build
-    # InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads; groups
-    # that do not tile its rows, MHA, pack_gqa=False and packed q stay unpacked. The table
+    # the Sq = 1 host view does not pack (more query rows, a left window, packed sequences)
+    # build InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads;
+    # groups that do not tile its rows, MHA and pack_gqa=False stay unpacked. The table
     # keeps it off until measured.
     from cute_attn import fwd_sm90
 
@@ -174,15 +174,15 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
     cache = InputFeatures(seqused_k=True)
 
-    def problem(sq, h, hkv, left=-1, pack=None, d=128):
+    def problem(sq, h, hkv, left=-1, pack=None, d=128, varlen=False):
         return AttnProblem(
             batch=2, seqlen_q=sq, seqlen_k=1000, num_heads=h, num_heads_kv=hkv, head_dim=d,
             head_dim_v=d, dtype="bfloat16", device_type="cuda", device_index=0,
             softmax_scale=0.1, causal=True, window_left=left, window_right=0, softcap=0.0,
-            kvcache=True, pack_gqa=pack,
+            kvcache=not varlen, varlen=varlen, pack_gqa=pack,
         )  # fmt: skip
 
-    assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), cache, 4)  # the table: off
+    assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), 4)  # the table: off
     monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa", lambda seqlen_q, group: True)
     fwd_sm90._plan.cache_clear()
     cases = [  # (Sq, H, Hkv, left, pack_gqa, packed in the kernel)
@@ -194,7 +194,7 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     ]  # fmt: skip
     for sq, h, hkv, left, pack, packed in cases:
         p = problem(sq, h, hkv, left, pack)
-        assert fwd_sm90._pack_gqa_rows(p, cache, sq) is packed, (sq, h, hkv, left, pack)
+        assert fwd_sm90._pack_gqa_rows(p, sq) is packed, (sq, h, hkv, left, pack)
         plan = fwd_sm90._plan(p, cache, 2, sq, 1000, fwd_sm90._pack_decode(p, sq), 0)
         feats = InputFeatures(*plan.fn.features)
         assert feats.pack_gqa is packed and plan.group == (
@@ -205,11 +205,14 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
             assert FwdTileConfig(*plan.fn.tile).tile_m == decode.tile_m
             assert plan.scalars[4] == h // hkv * sq
             assert (plan.fn.num_heads, plan.fn.num_heads_kv) == (h, hkv)
-    # packed q keeps one stride a row: never packed in the kernel
-    varlen = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
-    assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), varlen, 4)
-    with pytest.raises(ValueError, match="pack_gqa"):
-        InputFeatures(cu_seqlens_q=True, pack_gqa=True)
+    # packed sequences, one query row each included (no decode view there): G x the longest
+    # sequence's rows
+    packed_q = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
+    for sq in (1, 5):
+        p = problem(sq, 32, 8, varlen=True)
+        assert fwd_sm90._pack_gqa_rows(p, sq)
+        plan = fwd_sm90._plan(p, packed_q, 6, sq, 1000, False, 0)
+        assert InputFeatures(*plan.fn.features).pack_gqa and plan.scalars[4] == 4 * sq
     fwd_sm90._plan.cache_clear()
 
 

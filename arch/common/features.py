@@ -44,8 +44,8 @@ class InputFeatures:
     # GQA with the G = H / Hkv query heads of a KV head packed into one tile's rows: q / out /
     # lse rows (r, i) of query head g * G + r and position i form the hierarchical row mode
     # (G, seqlen_q) of KV head g (row r + G * i), so each K/V tile is read once for all G
-    # heads; the mask maps row -> position i = row // G. The grid walks KV heads. Not with
-    # packed q (cu_seqlens_q / seqused_q): their ragged row views have one stride
+    # heads; the mask maps row -> position i = row // G. The grid walks KV heads. Packed q
+    # (cu_seqlens_q) offsets and clips the seq part of that mode
     pack_gqa: bool = False
 
     def __post_init__(self):
@@ -55,8 +55,6 @@ class InputFeatures:
             self.seqused_k and not self.cu_seqlens_k and not self.paged_kv
         ):
             raise ValueError("ragged_cache: dense k / v with seqused_k (not packed, not paged)")
-        if self.pack_gqa and (self.cu_seqlens_q or self.seqused_q):
-            raise ValueError("pack_gqa: q rows not packed by cu_seqlens_q / seqused_q")
 
     @property
     def partials(self) -> bool:

@@ -30,16 +30,26 @@ def ragged_rows(t: cute.Tensor) -> cute.Tensor:
     end (FA4 / quack build the same view): seq extent RAGGED_EXTENT, the pointer moved back by
     RAGGED_EXTENT rows, and the unit batch mode replaced by one of the seq stride. Element
     (RAGGED_EXTENT - L + i, d, h, o + L) is then row o + i of t, and the TMA clips every
-    i >= L (`SeqInfo.ragged_rows_q` takes that view of one sequence)."""
-    s_seq = t.stride[0]
-    shifted = cute.domain_offset((-RAGGED_EXTENT, 0, 0, 0), t).iterator
+    i >= L (`SeqInfo.ragged_rows_q` takes that view of one sequence). Packed GQA rows
+    ((G, seq), dim, kv head, 1) keep their query-head mode: only the seq part is ragged."""
+    nested = isinstance(t.shape[0], tuple)  # packed GQA rows (layout.pack_gqa_rows)
+    s_seq = t.stride[0][1] if nested else t.stride[0]
+    shifted = cute.domain_offset((_seq_coord(-RAGGED_EXTENT, nested), 0, 0, 0), t).iterator
     # the two extents as runtime values: as constants the layout's static size (~2^73)
     # overflows inside the DSL's layout algebra (a C++ bad_variant_access abort)
+    extent = Int32(RAGGED_EXTENT)
     layout = cute.make_layout(
-        (Int32(RAGGED_EXTENT), t.shape[1], t.shape[2], Int32(RAGGED_ENDS)),
-        stride=(s_seq, t.stride[1], t.stride[2], s_seq),
-    )
+        ((t.shape[0][0], extent) if nested else extent, t.shape[1], t.shape[2],
+         Int32(RAGGED_ENDS)),
+        stride=(t.stride[0], t.stride[1], t.stride[2], s_seq),
+    )  # fmt: skip
     return cute.make_tensor(shifted, layout)
+
+
+def _seq_coord(position, nested: bool):
+    """The row-mode coordinate of a query position: itself, or (0, position) in packed GQA
+    rows ((G, seq)), query head 0 of the group."""
+    return (0, position) if nested else position
 
 
 @cute.jit
@@ -50,7 +60,12 @@ def _clamp(x: Int32, lo: Int32, hi: Int32) -> Int32:
 class SeqInfo(DslStruct):
     _dynamic_ = ("offset_q", "seqlen_q", "offset_k", "seqlen_k", "q_batch", "kv_batch")
 
-    def __init__(self, offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features):
+    def __init__(
+        self, offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features,
+        rows_per_query=1,
+    ):  # fmt: skip
+        # queries (positions); under packed GQA each is rows_per_query (G) rows of the tile,
+        # query head r of the group at row r + G x position (`num_rows`, `first_row`)
         self.offset_q = offset_q
         self.seqlen_q = seqlen_q
         self.offset_k = offset_k
@@ -59,6 +74,7 @@ class SeqInfo(DslStruct):
         # batch coordinate of k / v (0 when packed); paged: the row of the page table
         self.kv_batch = kv_batch
         self.features = features
+        self.rows_per_query = rows_per_query
 
     @staticmethod
     @cute.jit
@@ -73,6 +89,7 @@ class SeqInfo(DslStruct):
         mSeqUsedK,
         mKvBatchIdx,
         kv_rows: Int32 | None = None,
+        rows_per_query: cutlass.Constexpr[int] = 1,
     ):
         # Offsets and lengths are clamped into the tensors (packed q: [0, total_q]; packed k:
         # [0, total_k]; paged or cached keys: [0, capacity]): the host may check index values
@@ -105,19 +122,35 @@ class SeqInfo(DslStruct):
             # capacity seqlen_k_static); an out-of-range kv_batch_idx value is clamped like the
             # packed offsets (the ragged view has no batch bound for the TMA to stop at)
             offset_k = _clamp(kv_batch, Int32(0), kv_rows - 1) * seqlen_k_static
-        return SeqInfo(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features)
+        return SeqInfo(
+            offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch, features, rows_per_query
+        )
+
+    def num_rows(self) -> Int32:
+        """This sequence's rows of q / out / lse: its queries, G each under packed GQA."""
+        if cutlass.const_expr(self.rows_per_query == 1):
+            return self.seqlen_q
+        return self.seqlen_q * self.rows_per_query
+
+    def first_row(self) -> Int32:
+        """Where this sequence's rows start in the flat row index of q / out / lse."""
+        if cutlass.const_expr(self.rows_per_query == 1):
+            return self.offset_q
+        return self.offset_q * self.rows_per_query
 
     def rows_q(self, t: cute.Tensor) -> cute.Tensor:
         """(seq, dim) view of one head of q / out starting at this sequence's first row."""
         if cutlass.const_expr(self.features.cu_seqlens_q):
-            return cute.domain_offset((self.offset_q, 0), t)
+            nested = self.rows_per_query > 1
+            return cute.domain_offset((_seq_coord(self.offset_q, nested), 0), t)
         return t
 
     def ragged_rows_q(self, t: cute.Tensor, head: Int32) -> cute.Tensor:
         """(seq, dim) view of one head of `ragged_rows(out)` (or its TMA coordinates) whose
         row i is this sequence's row i, clipped by the TMA from row seqlen_q on."""
         ends = t[None, None, head, self.offset_q + self.seqlen_q]
-        return cute.domain_offset((RAGGED_EXTENT - self.seqlen_q, 0), ends)
+        nested = self.rows_per_query > 1
+        return cute.domain_offset((_seq_coord(RAGGED_EXTENT - self.seqlen_q, nested), 0), ends)
 
     def rows_k(self, t: cute.Tensor) -> cute.Tensor:
         if cutlass.const_expr(self.features.cu_seqlens_k and not self.features.paged_kv):

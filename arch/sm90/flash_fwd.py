@@ -495,21 +495,17 @@ class FlashFwdSm90:
             capacity_k = mK.shape[0]  # keys per batch row of k / v; paged: per page
             if cutlass.const_expr(feats.paged_kv):
                 capacity_k = mPageTable.shape[1] * mK.shape[0]
-            rows_q = mQ.shape[0]
+            seqlen_q = mQ.shape[0]
             if cutlass.const_expr(feats.pack_gqa):
-                rows_q = cute.size(mQ, mode=[0])  # G x seqlen_q
+                seqlen_q = mQ.shape[0][1]  # rows (G, seqlen_q): the positions
             seq = SeqInfo.create(
-                feats, batch, rows_q, capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
-                mSeqUsedK, mKvBatchIdx, mK.shape[3],
+                feats, batch, seqlen_q, capacity_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ,
+                mSeqUsedK, mKvBatchIdx, mK.shape[3], self.pack_rows,
             )  # fmt: skip
-            # the mask counts query positions (seq.seqlen_q counts the tile's rows)
-            queries = seq.seqlen_q
-            if cutlass.const_expr(feats.pack_gqa):
-                queries = seq.seqlen_q // self.pack_rows
             mask = TileMask(
                 self.tile_m,
                 self.tile_n,
-                queries,
+                seq.seqlen_q,
                 seq.seqlen_k,
                 window_left,
                 window_right,
@@ -534,7 +530,7 @@ class FlashFwdSm90:
 
             # a packed batch's grid is sized by its longest sequence: tiles past this one's end
             # have nothing to do (every role leaves together)
-            if m_block * self.tile_m < seq.seqlen_q:
+            if m_block * self.tile_m < seq.num_rows():
                 wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
                 if wg_idx == 0:
                     cute.arch.setmaxregister_decrease(roles.producer_regs)
@@ -877,7 +873,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cluster_merge):
             used = None  # every row (FwdTileConfig.merge_used_rows off)
             if cutlass.const_expr(self.config.merge_used_rows):
-                used = self._used_rows(tiled_mma_pv, tidx, m_block * self.tile_m, seq.seqlen_q)
+                used = self._used_rows(tiled_mma_pv, tidx, m_block * self.tile_m, seq.num_rows())
             if self._merge_splits(acc_o, lse, tidx, xchg, used):
                 self.epilogue(
                     tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block,
@@ -1161,7 +1157,7 @@ class FlashFwdSm90:
         head: Int32,
         out_batch: Int32,
     ):
-        seqlen_q = seq.seqlen_q
+        seqlen_q = seq.num_rows()
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         # lse: the thread holding column 0 of a row writes it
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
@@ -1170,7 +1166,7 @@ class FlashFwdSm90:
             for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
                 row = m_block * self.tile_m + tOcO[r, 0][0]
                 if row < seqlen_q:
-                    mLSE[seq.offset_q + row, head, out_batch] = lse[r]
+                    mLSE[seq.first_row() + row, head, out_batch] = lse[r]
 
         if cutlass.const_expr(self.features.direct_store):
             self._store_o_direct(tiled_mma_pv, mO, acc_o, tOcO, tidx, seq, m_block, head, out_batch)
@@ -1247,7 +1243,7 @@ class FlashFwdSm90:
         tOgO = acc_as_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(gO))
         tOrO = acc_as_rows_cols(r_o)
         for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
-            if m_block * self.tile_m + tOcO[r, 0][0] < seq.seqlen_q:
+            if m_block * self.tile_m + tOcO[r, 0][0] < seq.num_rows():
                 cute.autovec_copy(tOrO[r, None], tOgO[r, None])
 
     # ------------------------------------------------------------------ helpers

@@ -646,9 +646,10 @@ def fwd_ragged_cache() -> bool:
 
 def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     """Whether a GQA forward that the Sq = 1 host view does not pack (more than one query
-    row, e.g. speculative decoding, or a left window) packs its query heads into the tile's
-    rows inside the kernel (InputFeatures.pack_gqa): each K/V tile is then read once for the
-    `group` query heads of its KV head instead of once per query head. Built in the fortieth
+    row, e.g. speculative decoding, a left window, or packed sequences: seqlen_q is then the
+    longest) packs its query heads into the tile's rows inside the kernel
+    (InputFeatures.pack_gqa): each K/V tile is then read once for the `group` query heads of
+    its KV head instead of once per query head. Built in the fortieth
     session without a GPU (sm_90a, spill-free; the TMA boxes take (G, positions) as two
     dimensions), not yet run: off. scripts/pack_gqa_ab.py measures it against unpacked
     launches and the GPU tests force it on."""
