@@ -2,13 +2,16 @@
 test).
 
 Speculative decoding calls `flash_attn_with_kvcache` with a few query rows (Sq = 2..8) under
-the bottom-right causal corner. Unpacked, each CTA computes one query head's Sq rows and reads
-its KV head's whole cache; packed (InputFeatures.pack_gqa, tile_config.fwd_pack_gqa forced on
-here), one CTA computes the G x Sq rows of a KV head's G query heads and reads the cache once.
-Each row: 32 query heads over 8 KV heads, D=128, bf16, a read-only call over cache lengths L
-(the new keys already appended), both variants checked against the fp32 reference, then timed
-under CUDA graphs of one and ten calls in rounds (scripts/decode_splits.graph_rounds). TB/s
-counts K + V read once.
+the bottom-right causal corner; a serving engine's decode batch calls `flash_attn_varlen_func`
+with one query row a sequence. Unpacked, each CTA computes one query head's rows and reads its
+KV head's keys; packed (InputFeatures.pack_gqa, tile_config.fwd_pack_gqa forced on here), one
+CTA computes the G x Sq rows of a KV head's G query heads and reads them once. Each row: 32
+query heads over 8 KV heads, D=128, bf16, causal; KV-cache rows make a read-only call over
+cache lengths L (the new keys already appended), varlen rows pack B sequences of Sq rows over
+B x L keys, and their Sq = 1 rows add the KV-cache decode of the same data (the host's packed
+decode view) as a third variant. Every variant is checked against the fp32 reference, then
+timed under CUDA graphs of one and ten calls in rounds (scripts/decode_splits.graph_rounds).
+TB/s counts K + V read once.
 
     python3 scripts/pack_gqa_ab.py [--rounds 50] [--out FILE.json]
 """
@@ -31,14 +34,43 @@ from cute_attn.arch.common.features import InputFeatures  # noqa: E402
 from cute_attn.bench import environment  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
-ROWS = {  # batch, cache length, query rows
-    "b1-32k-q4": (1, 32768, 4),
-    "b8-8k-q2": (8, 8192, 2),
-    "b8-8k-q4": (8, 8192, 4),
-    "b8-8k-q8": (8, 8192, 8),
-    "b64-8k-q4": (64, 8192, 4),
-    "b128-2k-q4": (128, 2048, 4),
+ROWS = {  # entry, batch, keys a batch row, query rows
+    "b1-32k-q4": ("cache", 1, 32768, 4),
+    "b8-8k-q2": ("cache", 8, 8192, 2),
+    "b8-8k-q4": ("cache", 8, 8192, 4),
+    "b8-8k-q8": ("cache", 8, 8192, 8),
+    "b64-8k-q4": ("cache", 64, 8192, 4),
+    "b128-2k-q4": ("cache", 128, 2048, 4),
+    "varlen-b8-8k-q1": ("varlen", 8, 8192, 1),
+    "varlen-b64-8k-q1": ("varlen", 64, 8192, 1),
+    "varlen-b64-2k-q4": ("varlen", 64, 2048, 4),
 }
+
+
+def _calls(entry, q, kc, vc):
+    """The timed call on (B, Sq, H, D) q over (B, L, Hkv, D) keys, and for Sq = 1 varlen rows
+    the KV-cache decode of the same data (None otherwise)."""
+    b, sq, _, _ = q.shape
+    n = kc.shape[1]
+    lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+
+    def cache(q=q, kc=kc, vc=vc, lens=lens):
+        return cute_attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
+
+    if entry == "cache":
+        return cache, None
+    qp, kp, vp = q.flatten(0, 1), kc.flatten(0, 1), vc.flatten(0, 1)
+    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device="cuda")
+    cu_k = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
+
+    def varlen():
+        out, lse = cute_attn.flash_attn_varlen_func(
+            qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=n,
+            causal=True,
+        )  # fmt: skip
+        return out.view(q.shape[0], sq, *out.shape[1:]), lse
+
+    return varlen, cache if sq == 1 else None
 
 
 def main():
@@ -48,18 +80,18 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
-    for name, (b, n, sq) in ROWS.items():
+    for name, (entry, b, n, sq) in ROWS.items():
         h, hkv, d = 32, 8, 128
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
         kc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
         ref = attention_ref(q, kc, vc, causal=True, compute_dtype=torch.float32)[0]
-
-        def call(q=q, kc=kc, vc=vc, lens=lens):
-            return cute_attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
-
+        call, view = _calls(entry, q, kc, vc)
         graphs = {}
+        if view is not None:
+            err = (view()[0].float() - ref).abs().max().item()
+            assert err < 1e-2, (name, "decode-view", err)
+            graphs["decode-view"] = (*one_and_ten_graphs(view), err, 0)
         for label, packed in (("unpacked", False), ("packed", True)):
             rule, build, keys = fwd_sm90.fwd_pack_gqa, fwd_sm90.build_fwd, []
             fwd_sm90.fwd_pack_gqa = lambda seqlen_q, group, p=packed: p  # memos cleared around
@@ -74,7 +106,7 @@ def main():
                     graphs[label] = (*one_and_ten_graphs(call), err, 0)
             finally:
                 fwd_sm90.fwd_pack_gqa, fwd_sm90.build_fwd = rule, build
-        rows += graph_rounds(name, graphs, b * n * hkv * d * 2 * 2, args.rounds, width=8)
+        rows += graph_rounds(name, graphs, b * n * hkv * d * 2 * 2, args.rounds, width=11)
     if args.out:
         json.dump(dict(environment=environment(torch.device("cuda")), rows=rows),
                   open(args.out, "w"), indent=1)  # fmt: skip
