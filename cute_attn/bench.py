@@ -36,7 +36,7 @@ from .problem import normalize_window
 ALL_IMPLS = ("cute_attn", "fa4", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # The "vs best" column divides the faster of these by each impl's median.
 BASELINE_IMPLS = ("fa4", "sdpa-cudnn")
-PRESETS = ("fwd-prefill", "bwd", "decode", "varlen", "full")
+PRESETS = ("fwd-prefill", "bwd", "decode", "spec-decode", "varlen", "full")
 L2_FALLBACK_BYTES = 50 * 2**20  # H100 / H200 L2
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -197,6 +197,16 @@ def _decode_rows():
     return rows
 
 
+def _spec_decode_rows():
+    # Speculative decoding: a few new query rows under the bottom-right causal corner, over a
+    # dense cache (the decode rows' shapes); the query heads of a KV head read the same keys,
+    # which packed GQA rows (tile_config.fwd_pack_gqa) read once
+    return [Row(f"spec-decode b{b} sk{sk} sq{sq} h32/8 d128 causal", b, sq, sk, 32, 8, 128, 128,
+                causal=True, metric="tbps")
+            for b, sk, sq in ((1, 32768, 4), (8, 8192, 2), (8, 8192, 4), (8, 8192, 8),
+                              (64, 8192, 4))]  # fmt: skip
+
+
 # 16 mixed lengths, 58,728 tokens: the varlen prefill row of the inference issue
 VARLEN_SEQLENS = (512, 8192, 1024, 6000, 3000, 256, 7000, 2048, 4096, 5000, 300, 6500, 1500,
                   4000, 8000, 1300)  # fmt: skip
@@ -222,11 +232,13 @@ def preset_rows(preset: str) -> list[Row]:
         return _prefill_rows("bwd", dims=(64, 96, 128, 256))
     if preset == "decode":
         return _decode_rows()
+    if preset == "spec-decode":
+        return _spec_decode_rows()
     if preset == "varlen":
         return _varlen_rows()
     if preset != "full":
         raise ValueError(f"unknown preset {preset!r}; choose from {PRESETS}")
-    rows = _prefill_rows() + _decode_rows() + _varlen_rows()
+    rows = _prefill_rows() + _decode_rows() + _spec_decode_rows() + _varlen_rows()
     for causal in (False, True):
         c = " causal" if causal else ""
         rows += [

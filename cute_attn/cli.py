@@ -618,8 +618,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--preset", choices=PRESETS, default="fwd-prefill",
                    help="shape matrix: fwd-prefill (16k tokens, hidden 2048), bwd, decode, "
-                        "varlen (16 packed sequences), or full (adds Sq!=Sk, GQA/MQA, windows, "
-                        "D=192, bwd rows)")  # fmt: skip
+                        "spec-decode (2-8 causal query rows over a cache), varlen (16 "
+                        "packed sequences), or full (adds Sq!=Sk, GQA/MQA, windows, D=192, "
+                        "bwd rows)")  # fmt: skip
     p.add_argument(
         "--impls",
         nargs="+",

@@ -289,6 +289,9 @@ def test_presets():
         (64, 8192, 128), (64, 8192, 256)]  # fmt: skip
     assert all(r.seqlen_q == 1 and (r.heads, r.heads_kv) == (32, 8) and r.metric == "tbps"
                for r in dec)  # fmt: skip
+    spec = bench.preset_rows("spec-decode")
+    assert {r.seqlen_q for r in spec} == {2, 4, 8} and all(r.causal for r in spec)
+    assert all((r.heads, r.heads_kv, r.metric) == (32, 8, "tbps") for r in spec)
     full = bench.preset_rows("full")
     assert len({r.name for r in full}) == len(full)  # names are unique row keys
     assert any(r.mode == "bwd" for r in full)
