@@ -1,9 +1,10 @@
 """TileMask (arch/common/mask.py) against the package's mask rule, on the CPU.
 
-The CuTe DSL runs a `@cute.jit` function without a kernel launch as host code, so the
-forward's tile ranges and per-element mask execute here over host tensors: one SM90 wgmma
-accumulator partition per thread of a warpgroup (all 128 threads in turn), tile by tile, for
-one query row a query and for packed GQA rows (`rows_per_query` G: row r is query r // G).
+The CuTe DSL runs a `@cute.jit` function without a kernel launch as host code
+(host_jit.py), so the forward's tile ranges and per-element mask execute here over host
+tensors: one SM90 wgmma accumulator partition per thread of a warpgroup (all 128 threads in
+turn), tile by tile, for one query row a query and for packed GQA rows (`rows_per_query` G:
+row r is query r // G).
 Each result is compared with `reference.visible_mask`, the contract's one mask rule:
 
 * `apply` sets exactly the invisible scores of every row that holds a query to -inf;
@@ -25,6 +26,7 @@ import functools
 
 import pytest
 import torch
+from host_jit import sm90_dsl
 
 from cute_attn.reference import visible_mask
 
@@ -37,16 +39,10 @@ SHAPES = [(1, 1), (5, 2), (2, 5), (3, 300), (40, 300), (113, 203), (239, 1), (17
 LONG_SHAPES = [(777, 333), (300, 457), (1000, 1000)]
 
 
-def _sm90_dsl():
-    """Before cutlass loads: cute_attn.fwd_sm90 sets CUTE_DSL_ARCH=sm_90a, which the DSL
-    reads once (the wgmma helpers check it)."""
-    import cute_attn.fwd_sm90  # noqa: F401
-
-
 @functools.cache
 def _mask_grid_fn():
     """The host function (S, R, sq, sk, left, right, G, has_left, has_right); built once."""
-    _sm90_dsl()
+    sm90_dsl()
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
@@ -97,7 +93,7 @@ def _mask_grid_fn():
 @functools.cache
 def _bwd_grid_fn():
     """The backward's host function (ST, R, E, sq, sk, left, right, has_left, has_right)."""
-    _sm90_dsl()
+    sm90_dsl()
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
