@@ -71,10 +71,13 @@ class L2Sections(DslStruct):
 
 
 @cute.jit
-def l2_section_coords(sections: L2Sections, num_heads: cutlass.Constexpr[int], reverse: bool):
+def l2_section_coords(
+    sections: L2Sections, num_heads: cutlass.Constexpr[int], reverse: bool, block=None
+):
     """(block, head, batch) of this CTA on a (blocks, num_heads, batches) grid; the block of
-    rank r is r, or blocks - 1 - r with `reverse` (compile-time)."""
-    bx, by, bz = cute.arch.block_idx()
+    rank r is r, or blocks - 1 - r with `reverse` (compile-time). `block`: the CTA's (x, y,
+    z) grid index, default its own (tests pass others on the host)."""
+    bx, by, bz = cute.arch.block_idx() if cutlass.const_expr(block is None) else block
     num_blocks = sections.blocks.divisor
     linear = bx + num_blocks * (by + num_heads * bz)
     lw = sections.log_width
