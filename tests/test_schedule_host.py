@@ -1,8 +1,13 @@
-"""The L2-section launch order (arch/common/schedule.py) on the CPU (host_jit.py): for grids
-of many shapes and section widths, `l2_section_coords` must map the grid's linear CTA index
-onto every (block, head, batch) exactly once, block-rank-major inside each section of
-2^log_width (head, batch) pairs, with the pairs of a section consecutive and the last,
-partial section last; `reverse` gives the block of rank r as blocks - 1 - r.
+"""The forward's launch orders on the CPU (host_jit.py).
+
+* L2 sections (arch/common/schedule.py): for grids of many shapes and section widths,
+  `l2_section_coords` maps the grid's linear CTA index onto every (block, head, batch)
+  exactly once, block-rank-major inside each section of 2^log_width (head, batch) pairs,
+  with the pairs of a section consecutive and the last, partial section last; `reverse`
+  gives the block of rank r as blocks - 1 - r.
+* The persistent grid (FlashFwdSm90._persistent_tile): its work units, both halves under a
+  mask, name every (query tile, head, batch) exactly once, unmasked, causal and under
+  windows with and without a ramp.
 """
 
 # no `from __future__ import annotations`: the DSL reads the host function's annotations
@@ -88,3 +93,75 @@ def test_l2_sections_visit_every_tile_rank_major(grid, reverse):
         else:  # the last, partial section: rank-major over its pairs
             rest = linear - full * blocks
             assert (rank, pair) == (rest // (pairs - full), full + rest % (pairs - full)), grid
+
+
+@functools.cache
+def _persistent_fn(has_left: bool, has_right: bool):
+    """Every work unit of a persistent forward grid, as the kernel walks them
+    (FlashFwdSm90._walk_units): (m_block, head, batch, valid) per (unit, half)."""
+    sm90_dsl()
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    from cute_attn.arch.sm90.flash_fwd import FlashFwdSm90
+    from cute_attn.arch.sm90.tile_config import fwd_tile_config
+
+    cfg = fwd_tile_config(128, 128, has_right and not has_left, has_left, persistent_sms=132)
+    kernel = FlashFwdSm90(cutlass.BFloat16, 128, 128, 1, has_left, has_right, False, cfg)
+
+    @cute.jit
+    def units(
+        mOut: cute.Tensor,  # (2 x units, 4) int32
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        num_batch: Int32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        num_m_blocks = cute.ceil_div(seqlen_q, kernel.tile_m)
+        ramp = kernel._persistent_ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
+        num_units = kernel._units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
+        for j in cutlass.range(2 * num_units, unroll=1):
+            m_block, head, seq, _, _, _, valid = kernel._persistent_tile(
+                j >> 1, j & 1, seqlen_q, seqlen_k, num_heads, num_batch, window_left,
+                window_right,
+            )  # fmt: skip
+            mOut[j, 0] = m_block
+            mOut[j, 1] = head
+            mOut[j, 2] = seq.q_batch
+            flag = Int32(1)  # unmasked units are always valid (a Python True)
+            if cutlass.const_expr(kernel.masked):
+                flag = Int32(cutlass.select_(valid, 1, 0))
+            mOut[j, 3] = flag
+        mOut[2 * num_units, 0] = -7  # the end marker: the unit count the host expects
+
+    return kernel, units
+
+
+@pytest.mark.parametrize(
+    "window", [(-1, -1), (-1, 0), (150, 0), (37, 11), (20, -1)],
+    ids=["dense", "causal", "window-ramp", "window", "window-left"],
+)  # fmt: skip
+@pytest.mark.parametrize("sq,sk", [(457, 301), (1000, 1000), (128, 4096), (3001, 3001)])
+def test_persistent_units_cover_every_tile_once(window, sq, sk):
+    # the masked walk takes both halves of a unit and skips the invalid ones; unmasked
+    # units are one tile each (half 0)
+    left, right = window
+    kernel, units = _persistent_fn(left >= 0, right >= 0)
+    from cutlass import Int32
+    from cutlass.cute.runtime import from_dlpack
+
+    heads, batches = 3, 2
+    num_m = -(-sq // kernel.tile_m)
+    out = torch.zeros(2 * num_m * heads * batches + 1, 4, dtype=torch.int32)
+    units(from_dlpack(out), Int32(sq), Int32(sk), Int32(heads), Int32(batches),
+          Int32(max(left, 0)), Int32(max(right, 0)))  # fmt: skip
+    end = int((out[:, 0] == -7).nonzero()[0])
+    rows = out[:end].tolist()
+    if not kernel.masked:
+        rows = rows[0::2]  # half 0 only
+    tiles = sorted((m, h, b) for m, h, b, valid in rows if valid)
+    assert tiles == [(m, h, b) for m in range(num_m) for h in range(heads)
+                     for b in range(batches)], (window, sq, sk)  # fmt: skip
