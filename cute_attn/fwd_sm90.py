@@ -9,12 +9,12 @@ Entry points: `run_fwd` (dense), `run_fwd_varlen` (packed by cu_seqlens), `run_f
 (a KV cache with per-row lengths, after the host appended the new keys). All three can split
 the key range over CTAs (split-KV: fp32 partials, then the combine kernel; two splits merge
 inside a thread-block cluster instead, `tile_config.fwd_split_cluster`); decode-shaped calls
-(one query row, GQA) pack the query heads of a KV head into the rows of one tile (a host view);
-other GQA calls may pack them inside the kernel (`_pack_gqa_rows`, off in the table until
-measured). Paged k / v
-(varlen and KV-cache entries) are read page by page by TMA when a key tile fits a page
-(`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16, 48, 64, 128, 256); other
-page sizes (1-15, 200, ...) are first gathered into a dense copy by torch (`paged_route`).
+(one query row, GQA) pack the query heads of a KV head into the rows of one tile (a host
+view); other GQA calls may pack them inside the kernel (`_pack_gqa_rows`, off in the table
+until measured). Paged k / v (varlen and KV-cache entries) are read page by page by TMA when
+a key tile fits a page (`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16,
+48, 64, 128, 256); other page sizes (1-15, 200, ...) are first gathered into a dense copy by
+torch (`paged_route`).
 """
 
 from __future__ import annotations

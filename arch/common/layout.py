@@ -62,7 +62,8 @@ def pack_gqa_rows(t: cute.Tensor, group: int, head_mode: int) -> cute.Tensor:
     0 becomes the rows ((group, seq)) of one KV head's `group` query heads, row r + group * i
     at query head kv_head * group + r and position i, and the head mode walks KV heads
     (heads / group, stride group x the head stride). Two strides in one row mode: TMA boxes
-    and partitions take it as two dimensions, so a tile of rows needs group | tile_m."""
+    and partitions take it as two dimensions, so a tile's rows need group | tile_m (whole
+    positions) or tile_m | group (whole tiles of one position's heads)."""
     shape, stride = list(t.shape), list(t.stride)
     s_head = stride[head_mode]
     shape[0], stride[0] = (group, shape[0]), (s_head, stride[0])

@@ -649,10 +649,10 @@ def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     row, e.g. speculative decoding, a left window, or packed sequences: seqlen_q is then the
     longest) packs its query heads into the tile's rows inside the kernel
     (InputFeatures.pack_gqa): each K/V tile is then read once for the `group` query heads of
-    its KV head instead of once per query head. Built in the fortieth
-    session without a GPU (sm_90a, spill-free; the TMA boxes take (G, positions) as two
-    dimensions), not yet run: off. scripts/pack_gqa_ab.py measures it against unpacked
-    launches and the GPU tests force it on."""
+    its KV head instead of once per query head. Built in the fortieth session without a GPU
+    (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions), not yet run:
+    off. scripts/pack_gqa_ab.py measures it against unpacked launches and the GPU tests
+    force it on."""
     return False
 
 
