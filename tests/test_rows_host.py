@@ -1,12 +1,15 @@
-"""Where the forward's query rows land, run on the CPU (host_jit.py): `SeqInfo` over packed
-sequences (cu_seqlens_q, seqused_q) and `layout.pack_gqa_rows`, through the same views the
-kernel's loads and stores take (`rows_q` for Q and split partials, `seqlen.ragged_rows` +
-`ragged_rows_q` for the O store, `first_row` for lse).
+"""Where the forward's rows come from and land, run on the CPU (host_jit.py).
 
-Each host call writes a marker through every row a CTA of sequence b and (KV) head g owns
-(its `num_rows`); the test checks that each marker sits at the position and query head the
-contract says (row r + G x i: query head g x G + r, position cu_seqlens_q[b] + i), that no
-row is written twice and that nothing outside the sequences' used rows is touched.
+* `SeqInfo` over packed sequences (cu_seqlens_q, seqused_q) and `layout.pack_gqa_rows`,
+  through the same views the kernel's loads and stores take (`rows_q` for Q and split
+  partials, `seqlen.ragged_rows` + `ragged_rows_q` for the O store, `first_row` for lse):
+  a marker written through every row a CTA of sequence b and (KV) head g owns (its
+  `num_rows`) must sit at the position and query head the contract says (row r + G x i:
+  query head g x G + r, position cu_seqlens_q[b] + i), no row written twice and nothing
+  outside the sequences' used rows touched.
+* `SeqInfo.create` on valid and on bad index values (negative, decreasing, past the
+  tensors): offsets and lengths stay inside the tensors (the host checks values only after
+  the launch), and valid values pass unchanged.
 """
 
 # no `from __future__ import annotations`: the DSL reads the host function's annotations
@@ -103,3 +106,105 @@ def test_packed_rows_land_where_the_contract_says(group, with_used):
     assert torch.equal(lse[0].T, want), (lse[0].T - want).nonzero()[:8]
     # nothing else written: the other columns of q / o stay zero
     assert not q[..., 1:].any() and not o[..., 0].any() and not o[..., 2:].any()
+
+
+@functools.cache
+def _seqinfo_fn(features):
+    """(offset_q, seqlen_q, offset_k, seqlen_k, q_batch, kv_batch) of SeqInfo.create per
+    batch row, for one static InputFeatures."""
+    sm90_dsl()
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    from cute_attn.arch.common.seqlen import SeqInfo
+
+    @cute.jit
+    def fields(
+        mOut: cute.Tensor,  # (batch, 6) int32
+        total_q: Int32,
+        total_k: Int32,
+        kv_rows: Int32,
+        mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedQ: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
+        mKvBatchIdx: cute.Tensor,
+    ):
+        f = features
+        for b in cutlass.range(mOut.shape[0], unroll=1):
+            seq = SeqInfo.create(
+                f, b, total_q, total_k,
+                mCuSeqlensQ if cutlass.const_expr(f.cu_seqlens_q) else None,
+                mCuSeqlensK if cutlass.const_expr(f.cu_seqlens_k) else None,
+                mSeqUsedQ if cutlass.const_expr(f.seqused_q) else None,
+                mSeqUsedK if cutlass.const_expr(f.seqused_k) else None,
+                mKvBatchIdx if cutlass.const_expr(f.kv_batch_idx) else None,
+                kv_rows,
+            )  # fmt: skip
+            for i, v in enumerate((seq.offset_q, seq.seqlen_q, seq.offset_k, seq.seqlen_k,
+                                   seq.q_batch, seq.kv_batch)):  # fmt: skip
+                mOut[b, i] = v
+
+    return fields
+
+
+def _int32(xs):
+    return torch.tensor(xs, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("bad", [False, True])
+@pytest.mark.parametrize("layout", ["varlen", "varlen_used", "cache", "ragged_cache"])
+def test_seqinfo_keeps_every_row_inside_the_tensors(layout, bad):
+    # SeqInfo.create clamps offsets and lengths into the tensors, because the host may check
+    # index values only after the launch (ValueCheck.defer): a bad value must not move a load
+    # or the ragged O store outside them. Valid values pass unchanged.
+    from cute_attn.arch.common.features import InputFeatures
+
+    feats = {
+        "varlen": InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True),
+        "varlen_used": InputFeatures(
+            cu_seqlens_q=True, cu_seqlens_k=True, seqused_q=True, seqused_k=True
+        ),  # fmt: skip
+        "cache": InputFeatures(seqused_k=True, kv_batch_idx=True),
+        "ragged_cache": InputFeatures(seqused_k=True, kv_batch_idx=True, ragged_cache=True),
+    }[layout]
+    fields = _seqinfo_fn(feats)
+    from cutlass import Int32
+    from cutlass.cute.runtime import from_dlpack
+
+    total_q, total_k, kv_rows = 40, 90, 3  # packed rows; a cache's capacity and its rows
+    if bad:  # out of range, decreasing, negative
+        cu_q, cu_k = _int32([5, -3, 60, 20, 41]), _int32([0, 100, 7, -1, 95])
+        used_q, used_k, idx = _int32([7, -2, 50, 3]), _int32([-5, 200, 4, 1]), _int32(
+            [-4, 1, 3, 10**6])  # fmt: skip
+    else:
+        cu_q, cu_k = _int32([0, 3, 10, 10, 40]), _int32([0, 20, 21, 60, 90])
+        used_q, used_k, idx = _int32([2, 7, 0, 29]), _int32([20, 1, 39, 15]), _int32(
+            [2, 0, 1, 2])  # fmt: skip
+    out = torch.full((4, 6), -99, dtype=torch.int32)
+    fields(from_dlpack(out), Int32(total_q), Int32(total_k), Int32(kv_rows), *(
+        from_dlpack(t) for t in (cu_q, cu_k, used_q, used_k, idx)))  # fmt: skip
+    for b, (off_q, len_q, off_k, len_k, q_batch, kv_batch) in enumerate(out.tolist()):
+        where = (layout, bad, b, out[b].tolist())
+        if feats.cu_seqlens_q:
+            assert 0 <= off_q and 0 <= len_q and off_q + len_q <= total_q, where
+            assert q_batch == 0 and kv_batch == 0, where
+        else:
+            assert (off_q, len_q, q_batch) == (0, total_q, b), where
+        if feats.cu_seqlens_k:
+            assert 0 <= off_k and 0 <= len_k and off_k + len_k <= total_k, where
+        elif feats.ragged_cache:  # row kv_batch's keys start at kv_batch x capacity, clamped
+            assert off_k == min(max(int(idx[b]), 0), kv_rows - 1) * total_k, where
+            assert 0 <= len_k <= total_k, where
+        else:
+            assert off_k == 0 and 0 <= len_k <= total_k and kv_batch == int(idx[b]), where
+        if not bad:  # valid values pass unchanged
+            if feats.cu_seqlens_q:
+                want_q = int(cu_q[b + 1] - cu_q[b])
+                assert (off_q, len_q) == (int(cu_q[b]), min(want_q, int(used_q[b]))
+                                          if feats.seqused_q else want_q), where  # fmt: skip
+            want_k = int(used_k[b]) if feats.seqused_k else int(cu_k[b + 1] - cu_k[b])
+            if feats.cu_seqlens_k:
+                want_k = min(want_k, int(cu_k[b + 1] - cu_k[b]))
+            assert len_k == want_k, where
