@@ -25,8 +25,9 @@ kernel stays inside its tensors on any value (arch/common/seqlen.SeqInfo clamps 
 lengths; TMA loads fill out-of-range page or cache-row coordinates with zeros), so a bad value
 costs a discarded output and the usual ValueError.
 
-One warp per batch row; lanes stride over the row's used pages. Constraints: int32 tensors;
-page_table rows may be padded (any row stride). Compiled by
+One warp per batch row; lanes stride over the row's used pages (`row_flags` holds one row's
+rules; tests/test_index_check_host.py runs it on the CPU against the host's checks).
+Constraints: int32 tensors; page_table rows may be padded (any row stride). Compiled by
 cute_attn.arch.sm90.compile.compile_index_check (nothing arch-specific in it).
 """
 
@@ -114,7 +115,43 @@ class IndexCheck:
     ):
         lane = cute.arch.thread_idx()[0]
         b = cute.arch.block_idx()[0]
-        last = mFlags.shape[0] - 1
+        flags, bad_pages = self.row_flags(
+            b, lane, 32, mFlags.shape[0] - 1, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            mBatchIdx, mPageTable, total_q, total_k, capacity, max_q, max_k, batch_cache,
+            page_size, num_pages,
+        )  # fmt: skip
+        if cutlass.const_expr(self.paged):
+            if cute.arch.vote_any_sync(bad_pages != 0):
+                flags = flags | BAD_PAGE
+        if lane == 0:
+            mFlags[b] = flags
+
+    @cute.jit
+    def row_flags(
+        self,
+        b: Int32,
+        first_page: Int32,
+        page_step: int,
+        last: Int32,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSeqUsedQ: cute.Tensor | None,
+        mSeqUsedK: cute.Tensor | None,
+        mBatchIdx: cute.Tensor | None,
+        mPageTable: cute.Tensor | None,
+        total_q: Int32,
+        total_k: Int32,
+        capacity: Int32,
+        max_q: Int32,
+        max_k: Int32,
+        batch_cache: Int32,
+        page_size: Int32,
+        num_pages: Int32,
+    ):
+        """(flags of batch row b but BAD_PAGE, nonzero if a used page-table entry this caller
+        reads is bad): the kernel's lanes read used pages first_page, first_page + 32, ...
+        and vote; one caller with (0, 1) reads them all (the CPU tests run it on the host).
+        `last`: the last batch row."""
         flags = Int32(0)
         span_q = Int32(0)
         if cutlass.const_expr(self.cu_seqlens_q):
@@ -140,16 +177,13 @@ class IndexCheck:
         if cutlass.const_expr(self.batch_idx):
             row = mBatchIdx[b]
             flags = flags | self._flag((row < 0) | (row >= batch_cache), BAD_BATCH_IDX)
+        bad = Int32(0)
         if cutlass.const_expr(self.paged):
             used_pages = cute.ceil_div(cutlass.min(cutlass.max(length_k, 0), capacity), page_size)
-            bad = Int32(0)
-            for j in cutlass.range(lane, used_pages, 32, unroll=1):
+            for j in cutlass.range(first_page, used_pages, page_step, unroll=1):
                 page = mPageTable[b, j]
                 bad = bad | self._flag((page < 0) | (page >= num_pages), 1)
-            if cute.arch.vote_any_sync(bad != 0):
-                flags = flags | BAD_PAGE
-        if lane == 0:
-            mFlags[b] = flags
+        return flags, bad
 
     @cute.jit
     def _cu_seqlens_flags(
