@@ -6,8 +6,15 @@ assembly, cannot run this way). Imported by the test files; nothing here is a te
 
 from __future__ import annotations
 
+import torch
+
 
 def sm90_dsl():
     """Call before cutlass loads: importing cute_attn.fwd_sm90 sets CUTE_DSL_ARCH=sm_90a,
     which the DSL reads once (its wgmma helpers check it)."""
     import cute_attn.fwd_sm90  # noqa: F401
+
+
+def int32(xs) -> torch.Tensor:
+    """A CPU int32 tensor of python ints (index tensors for the host functions)."""
+    return torch.tensor(xs, dtype=torch.int32)

@@ -16,7 +16,7 @@ import random
 
 import pytest
 import torch
-from host_jit import sm90_dsl
+from host_jit import int32, sm90_dsl
 
 from cute_attn.validation import validate_kvcache_deferred, validate_varlen_deferred
 
@@ -87,10 +87,6 @@ def _host_rejects(check) -> bool:
     return False
 
 
-def _i32(xs):
-    return torch.tensor(xs, dtype=torch.int32)
-
-
 def _table(rng, lens, page_size, max_pages, num_pages):
     """A page table whose used entries are valid pages and whose unused ones hold junk."""
     t = torch.tensor([[rng.randrange(-5, num_pages + 5) for _ in range(max_pages)]
@@ -142,7 +138,7 @@ def _varlen_case(rng, kind: str, bad: bool):
                 what = f"page of row {b}"
     else:
         k = torch.zeros(total_k, hkv, d)
-    kw.update({name: _i32(v) for name, v in vals.items()})
+    kw.update({name: int32(v) for name, v in vals.items()})
     return q, k, kw, what
 
 
@@ -197,7 +193,7 @@ def test_kvcache_index_check_agrees_with_the_host_checks(paged):
             kc = torch.zeros(num_pages, page_size, hkv, d)
         else:
             kc = torch.zeros(7, cap, hkv, d)
-        kw = {n: _i32(v) if isinstance(v, list) else v for n, v in kw.items()}
+        kw = {n: int32(v) if isinstance(v, list) else v for n, v in kw.items()}
         q = torch.zeros(batch, 1, h, d)
         _, check = validate_kvcache_deferred(
             q, kc, kc, None, None, rotary_cos=None, rotary_sin=None, softmax_scale=None,

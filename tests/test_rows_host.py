@@ -17,7 +17,7 @@ import functools
 
 import pytest
 import torch
-from host_jit import sm90_dsl
+from host_jit import int32, sm90_dsl
 
 
 @functools.cache
@@ -94,8 +94,8 @@ def test_packed_rows_land_where_the_contract_says(group, with_used):
     q = torch.zeros(1, total, h, d)
     o = torch.zeros(1, total, h, d)
     lse = torch.zeros(1, h, total)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    seqused = torch.tensor(used, dtype=torch.int32)
+    cu = int32([0, *torch.tensor(lens).cumsum(0).tolist()])
+    seqused = int32(used)
     # dynamic 64-bit strides, as the kernel's tensors have (the ragged view's row offsets
     # pass 2^30 rows)
     q_, o_, lse_ = (from_dlpack(t).mark_layout_dynamic() for t in (q, o, lse))
@@ -149,10 +149,6 @@ def _seqinfo_fn(features):
     return fields
 
 
-def _int32(xs):
-    return torch.tensor(xs, dtype=torch.int32)
-
-
 @pytest.mark.parametrize("bad", [False, True])
 @pytest.mark.parametrize("layout", ["varlen", "varlen_used", "cache", "ragged_cache"])
 def test_seqinfo_keeps_every_row_inside_the_tensors(layout, bad):
@@ -175,12 +171,12 @@ def test_seqinfo_keeps_every_row_inside_the_tensors(layout, bad):
 
     total_q, total_k, kv_rows = 40, 90, 3  # packed rows; a cache's capacity and its rows
     if bad:  # out of range, decreasing, negative
-        cu_q, cu_k = _int32([5, -3, 60, 20, 41]), _int32([0, 100, 7, -1, 95])
-        used_q, used_k, idx = _int32([7, -2, 50, 3]), _int32([-5, 200, 4, 1]), _int32(
+        cu_q, cu_k = int32([5, -3, 60, 20, 41]), int32([0, 100, 7, -1, 95])
+        used_q, used_k, idx = int32([7, -2, 50, 3]), int32([-5, 200, 4, 1]), int32(
             [-4, 1, 3, 10**6])  # fmt: skip
     else:
-        cu_q, cu_k = _int32([0, 3, 10, 10, 40]), _int32([0, 20, 21, 60, 90])
-        used_q, used_k, idx = _int32([2, 7, 0, 29]), _int32([20, 1, 39, 15]), _int32(
+        cu_q, cu_k = int32([0, 3, 10, 10, 40]), int32([0, 20, 21, 60, 90])
+        used_q, used_k, idx = int32([2, 7, 0, 29]), int32([20, 1, 39, 15]), int32(
             [2, 0, 1, 2])  # fmt: skip
     out = torch.full((4, 6), -99, dtype=torch.int32)
     fields(from_dlpack(out), Int32(total_q), Int32(total_k), Int32(kv_rows), *(
