@@ -479,10 +479,6 @@ def _feature_flags(keys, name: str) -> list[bool]:
     return [getattr(InputFeatures(*k.features), name) for k in keys]
 
 
-def _ragged_cache_flags(keys) -> list[bool]:
-    return _feature_flags(keys, "ragged_cache")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [0, 1, 2])  # the table's (partials), none, a cluster
 @pytest.mark.parametrize("sq", [1, 4])
@@ -506,7 +502,7 @@ def test_kvcache_ragged_cache(ragged_cache_built, d, sq, num_splits):
         out, lse = flash_attn_with_kvcache(q, kcs, vcs, cache_seqlens=n, num_splits=num_splits,
                                            **kw)  # fmt: skip
         assert cute_attn.last_dispatch().impl == "sm90_fwd"
-        assert all(_ragged_cache_flags(ragged_cache_built)) and ragged_cache_built
+        assert all(_feature_flags(ragged_cache_built, "ragged_cache")) and ragged_cache_built
         ref, ref_lse, same = _cache_ref(q, kcs, vcs, used or range(b), lens, causal=True)
         assert_matches(out, lse, ref, ref_lse, same)
 
@@ -526,7 +522,7 @@ def test_kvcache_ragged_cache_needs_rows_back_to_back(ragged_cache_built):
         for _ in range(2):  # the full path, then the memo's bound launcher
             ragged_cache_built.clear()
             out, lse = flash_attn_with_kvcache(q, ks, vs, cache_seqlens=n)
-            assert set(_ragged_cache_flags(ragged_cache_built)) <= {flag}
+            assert set(_feature_flags(ragged_cache_built, "ragged_cache")) <= {flag}
             ref, ref_lse, same = _cache_ref(q, ks, vs, range(b), lens, causal=True)
             assert_matches(out, lse, ref, ref_lse, same)
 
@@ -537,7 +533,7 @@ def test_kvcache_gathered_pages_ragged_cache(ragged_cache_built, new):
     # pages of 8 fit no TMA key tile: torch gathers them into a dense cache, whose rows lie
     # back to back, so V takes the ragged view there
     test_kvcache_paged(8, 4, new)
-    assert any(_ragged_cache_flags(ragged_cache_built))
+    assert any(_feature_flags(ragged_cache_built, "ragged_cache"))
 
 
 @pytest.mark.gpu
