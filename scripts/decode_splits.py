@@ -115,11 +115,14 @@ def decode_inputs(b: int, sk: int, h: int = 32, hkv: int = 8, d: int = 128):
 
 
 def _clear_memo():
-    """Drop the dense entry's memo: a memo hit reuses the launcher (and its plan: kernel and
-    combine) bound at the first call of that signature, so a swap that leaves it in place
-    measures the previous variant again. Before this, every variant after the first at one
-    split count ran the first one's kernels (docs/perf/README.md, fifteenth session)."""
+    """Drop the dense and KV-cache entries' memos and the paged route: a memo hit reuses the
+    launcher (and its plan: kernel and combine) bound at the first call of that signature, so
+    a swap that leaves it in place measures the previous variant again. Before this, every
+    variant after the first at one split count ran the first one's kernels (docs/perf/README.md,
+    fifteenth session); until the forty-first session the KV-cache memo was left in place."""
     api._dense_memo.clear()
+    api._kvcache_memo.clear()
+    fwd_sm90.paged_route.cache_clear()
 
 
 class _TableSwap:
