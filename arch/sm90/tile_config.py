@@ -100,8 +100,9 @@ class FwdTileConfig:
     # (the peers' smem writes, the leader's distributed-smem reads and weights), which the
     # epilogue never stores. A packed decode tile uses the GQA group's rows (4 of 64 at 32 /
     # 8 heads), so the leader's critical path reads about half its fragment instead of all of
-    # it. Built (sm_90a, spill-free), not yet measured (scripts/decode_split_cluster_ab.py
-    # THIRD=1): off.
+    # it. Spill-free on sm_90a; its GPU tests pass; measured at B=8 Sk=8k (two splits in a
+    # cluster, graphs of ten calls): 64.4 us against 65.0 (decode_split_cluster_ab_c_h200.json,
+    # within 1%, one run): off.
     merge_used_rows: bool = False
 
     def __post_init__(self):
@@ -638,8 +639,10 @@ def fwd_ragged_cache() -> bool:
     stale rows of its last key tile in smem (FlashFwdSm90._zero_v_tail). Packed prefill
     measured +1.1% (16 causal sequences) to +5% (64 short ones) for the same change
     (varlen_ragged_v_ab_h200.json); on caches it is built (sm_90a, spill-free: the decode
-    variant drops from 2,848 to 2,056 SASS instructions) but not yet run on the GPU, so off.
-    scripts/kvcache_tail_ab.py measures it (`ragged` rows) and the GPU tests force it on.
+    variant drops from 2,848 to 2,056 SASS instructions), and its GPU tests (forced on) passed
+    on the H200 (forty-first session), but its only timing there reused the first variant's
+    launcher (the A/B swap left the KV-cache memo in place), so off until
+    scripts/kvcache_tail_ab.py (`ragged` rows) runs again.
     Turning it on: the dense-cache rows of cute_attn.aot.FWD_INPUTS take ragged_cache too."""
     return False
 
@@ -650,9 +653,12 @@ def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     longest) packs its query heads into the tile's rows inside the kernel
     (InputFeatures.pack_gqa): each K/V tile is then read once for the `group` query heads of
     its KV head instead of once per query head. Built in the fortieth session without a GPU
-    (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions), not yet run:
-    off. scripts/pack_gqa_ab.py measures it against unpacked launches and the GPU tests
-    force it on."""
+    (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions). Off: forced on,
+    60 of its 61 GPU tests passed on the H200 and test_kvcache_pack_gqa_rows[64-16-2-6-1-
+    window] failed (D=64, G = 8, window (37, 11); docs/perf/README.md, forty-first session),
+    and no A/B has timed it yet. The unpacked calls it would replace ran speculative decoding
+    at 0.49x FA4 (B=8, Sk=8k). scripts/pack_gqa_diag.py narrows the failure,
+    scripts/pack_gqa_ab.py times it against unpacked launches."""
     return False
 
 
