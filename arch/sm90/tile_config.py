@@ -655,10 +655,12 @@ def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     its KV head instead of once per query head. Built in the fortieth session without a GPU
     (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions). Off: forced on,
     60 of its 61 GPU tests passed on the H200 and test_kvcache_pack_gqa_rows[64-16-2-6-1-
-    window] failed (D=64, G = 8, window (37, 11); docs/perf/README.md, forty-first session),
-    and no A/B has timed it yet. The unpacked calls it would replace ran speculative decoding
-    at 0.49x FA4 (B=8, Sk=8k). scripts/pack_gqa_diag.py narrows the failure,
-    scripts/pack_gqa_ab.py times it against unpacked launches."""
+    window] failed in the suite (D=64, G = 8, window (37, 11)), though the same shape ran
+    correctly alone (scripts/pack_gqa_diag.py; docs/perf/README.md, forty-first session).
+    Measured against unpacked launches (pack_gqa_ab_h200.json, CUDA graphs, 32 / 8 heads,
+    D=128, causal): 2.4-3.5x faster on all nine rows, e.g. B=8 Sk=8k Sq=4 66.7 us against
+    191.0, B=64 489.7 against 1622.7; the unpacked calls ran speculative decoding at 0.49x
+    FA4 (B=8). Turn on (True) once that failure is understood."""
     return False
 
 
