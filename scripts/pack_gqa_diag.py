@@ -4,8 +4,9 @@
    test_kvcache_pack_gqa_rows[64-16-2-6-1-window] (D=64, 16 / 2 heads, Sq = 6, window
    (37, 11), not causal, one split) failed with only the last query row's lse right. Each
    line below changes one thing from that case (head dim, which bounds, Sq, group, split
-   count, appended keys, packing off) and prints the max |out - fp32 ref| per batch row and
-   the lse error per query of batch row 0 (cache lengths 0, 1, 333, 694 before the append).
+   count, appended keys, packing off, the test's poisoned stale rows) and prints the max
+   |out - fp32 ref| per batch row and the lse error per query of batch row 0 (cache lengths
+   0, 1, 333, 694 before the append).
 2. The KV-cache memo under CUDA graphs: kvcache_tail_ab's B=64 full-length row timed 88 us
    (24 TB/s of K + V), one key shorter 482 us. For B = 8 / 64 and both lengths: the first
    (eager) call, a second call through the memo's launcher and a graph replay, each against
@@ -25,7 +26,8 @@ from cute_attn.reference import attention_ref
 
 # (d, H, Hkv, Sq, num_splits, window), overrides of case()'s keywords
 PACK_VARIANTS = [
-    ((64, 16, 2, 6, 1, (37, 11)), {}),  # the failing test
+    ((64, 16, 2, 6, 1, (37, 11)), {}),  # the failing test's shape and window
+    ((64, 16, 2, 6, 1, (37, 11)), {"poison": True}),  # ... and its Inf / NaN stale rows
     ((64, 16, 2, 6, 1, (37, 11)), {"packed": False}),
     ((128, 16, 2, 6, 1, (37, 11)), {}),
     ((64, 16, 2, 6, 1, (37, 11)), {"new": False}),
@@ -49,7 +51,7 @@ def _clear():
     api._kvcache_memo.clear()
 
 
-def case(d, h, hkv, sq, splits, window, causal=False, new=True, packed=True):
+def case(d, h, hkv, sq, splits, window, causal=False, new=True, packed=True, poison=False):
     rule = fwd_sm90.fwd_pack_gqa
     fwd_sm90.fwd_pack_gqa = lambda seqlen_q, group: packed
     _clear()
@@ -63,6 +65,10 @@ def case(d, h, hkv, sq, splits, window, causal=False, new=True, packed=True):
         q, kc, vc = mk(b, sq, h, d), mk(b, cap, hkv, d), mk(b, cap, hkv, d)
         kn, vn = (mk(b, sq, hkv, d), mk(b, sq, hkv, d)) if new else (None, None)
         lens_old = [0, 1, 333, cap - sq]
+        if poison:  # the cache rows past each row's length hold Inf (k) / NaN (v), as in the test
+            for i, n_old in enumerate(lens_old):
+                kc[i, n_old:] = float("inf")
+                vc[i, n_old:] = float("nan")
         n = torch.tensor(lens_old, dtype=torch.int32, device="cuda")
         kw = dict(causal=causal, window_size=window)
         out, lse = cute_attn.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n,
@@ -76,8 +82,8 @@ def case(d, h, hkv, sq, splits, window, causal=False, new=True, packed=True):
             if i == 0:
                 lse_err = (lse[0] - ref_lse[0]).abs().amax(dim=0).tolist()
         print(f"d{d} h{h}/{hkv} sq{sq} splits{splits} window{window} causal={causal} new={new} "
-              f"packed={packed}: err {[f'{e:.2g}' for e in errs]}, lse err by query (row 0) "
-              f"{[f'{e:.2g}' for e in lse_err]}", flush=True)  # fmt: skip
+              f"packed={packed} poison={poison}: err {[f'{e:.2g}' for e in errs]}, "
+              f"lse err by query (row 0) {[f'{e:.2g}' for e in lse_err]}", flush=True)  # fmt: skip
     finally:
         fwd_sm90.fwd_pack_gqa = rule
         _clear()
