@@ -17,12 +17,18 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
-import cute_attn
-from cute_attn import api, fwd_sm90
-from cute_attn.bench import capture_graph
-from cute_attn.reference import attention_ref
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_splits import _TableSwap  # noqa: E402
+
+import cute_attn  # noqa: E402
+from cute_attn import fwd_sm90  # noqa: E402
+from cute_attn.bench import capture_graph  # noqa: E402
+from cute_attn.reference import attention_ref  # noqa: E402
 
 # (d, H, Hkv, Sq, num_splits, window), overrides of case()'s keywords
 PACK_VARIANTS = [
@@ -44,11 +50,8 @@ PACK_VARIANTS = [
 
 
 def _clear():
-    fwd_sm90._fwd_key.cache_clear()
-    fwd_sm90._plan.cache_clear()
-    fwd_sm90.paged_route.cache_clear()
-    api._dense_memo.clear()
-    api._kvcache_memo.clear()
+    # plans, keys, both entries' memos and the paged route (as the A/B scripts' swaps)
+    _TableSwap()._clear()
 
 
 def case(d, h, hkv, sq, splits, window, causal=False, new=True, packed=True, poison=False):
