@@ -653,14 +653,14 @@ def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     longest) packs its query heads into the tile's rows inside the kernel
     (InputFeatures.pack_gqa): each K/V tile is then read once for the `group` query heads of
     its KV head instead of once per query head. Built in the fortieth session without a GPU
-    (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions). Off: forced on,
-    60 of its 61 GPU tests passed on the H200 and test_kvcache_pack_gqa_rows[64-16-2-6-1-
-    window] failed in the suite (D=64, G = 8, window (37, 11)), though the same shape ran
-    correctly alone (scripts/pack_gqa_diag.py; docs/perf/README.md, forty-first session).
+    (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions). Forced on, 60
+    of its 61 GPU tests passed on the H200; the other was a test bug (its window mode left
+    the entry's causal=True default in place; fixed), and the same call runs correctly
+    packed (scripts/pack_gqa_diag.py; docs/perf/README.md, forty-first session).
     Measured against unpacked launches (pack_gqa_ab_h200.json, CUDA graphs, 32 / 8 heads,
     D=128, causal): 2.4-3.5x faster on all nine rows, e.g. B=8 Sk=8k Sq=4 66.7 us against
     191.0, B=64 489.7 against 1622.7; the unpacked calls ran speculative decoding at 0.49x
-    FA4 (B=8). Turn on (True) once that failure is understood."""
+    FA4 (B=8). Off until the packed tests and CI run again with it on (True)."""
     return False
 
 
