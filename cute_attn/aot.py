@@ -67,6 +67,14 @@ FWD_INPUTS = (
                         "page_size": 16}),
     ("kvcache paged256 split", {"seqused_k": True, "paged_kv": True, "split_kv": True,
                                 "page_size": 256}),
+    # GQA calls the Sq = 1 decode view does not pack (speculative decoding's few query rows,
+    # packed sequences) pack a KV head's query heads into the decode tile's rows in the kernel
+    # (tile_config.fwd_pack_gqa), under the causal corner; built where the group tiles its rows
+    ("pack_gqa kvcache", {"seqused_k": True, "pack_gqa": True, "decode": True, "mask": "causal"}),
+    ("pack_gqa kvcache split", {"seqused_k": True, "pack_gqa": True, "split_kv": True,
+                                "decode": True, "mask": "causal"}),
+    ("pack_gqa varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True, "pack_gqa": True,
+                         "decode": True, "mask": "causal"}),
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
     # the persistent grid of dense forwards (tile_config.fwd_persistent; D <= 128), built for
@@ -154,6 +162,7 @@ def _variant_problems(head_dims, dtypes, heads):
         fwd_persistent,
         fwd_split_cluster,
     )
+    from .fwd_sm90 import _pack_gqa_rows
 
     plain, causal = FEATURES[0], FEATURES[1]
     by_label = {f[0]: f for f in FEATURES}
@@ -190,6 +199,10 @@ def _variant_problems(head_dims, dtypes, heads):
             if inputs.get("persistent") and (
                 not fwd_persistent(d, 1, left, right) or (inputs.get("tall") and d > 64)
             ):
+                continue
+            # packed GQA rows only where the runtime rule can pick them (a few query rows,
+            # a group that tiles the decode tile's rows)
+            if inputs.get("pack_gqa") and not _pack_gqa_rows(p, 2):
                 continue
             # cluster-merged splits only where the runtime rule can pick them
             if inputs.get("split_cluster") and not fwd_split_cluster(2, dv):

@@ -8,12 +8,13 @@ KV head's keys; packed (InputFeatures.pack_gqa, tile_config.fwd_pack_gqa forced 
 CTA computes the G x Sq rows of a KV head's G query heads and reads them once. Each row: 32
 query heads over 8 KV heads, D=128, bf16, causal; KV-cache rows make a read-only call over
 cache lengths L (the new keys already appended), varlen rows pack B sequences of Sq rows over
-B x L keys, and their Sq = 1 rows add the KV-cache decode of the same data (the host's packed
-decode view) as a third variant. Every variant is checked against the fp32 reference, then
-timed under CUDA graphs of one and ten calls in rounds (scripts/decode_splits.graph_rounds).
-TB/s counts K + V read once.
+B x L keys, dense rows are causal prefill (Sq = L, flash_attn_func; they bound the rule), and
+varlen Sq = 1 rows add the KV-cache decode of the same data (the host's packed decode view) as
+a third variant. Every variant is checked against the fp32 reference, then timed under CUDA
+graphs of one and ten calls in rounds (scripts/decode_splits.graph_rounds).
+TB/s counts K + V read once (meaningless for the compute-bound dense rows).
 
-    python3 scripts/pack_gqa_ab.py [--rounds 50] [--out FILE.json]
+    python3 scripts/pack_gqa_ab.py [--rounds 50] [--rows NAME ...] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ ROWS = {  # entry, batch, keys a batch row, query rows
     "varlen-b8-8k-q1": ("varlen", 8, 8192, 1),
     "varlen-b64-8k-q1": ("varlen", 64, 8192, 1),
     "varlen-b64-2k-q4": ("varlen", 64, 2048, 4),
+    # where the rule should stop: more query rows, up to prefill (dense: Sq = L)
+    "b8-8k-q16": ("cache", 8, 8192, 16),
+    "b8-8k-q32": ("cache", 8, 8192, 32),
+    "b8-8k-q64": ("cache", 8, 8192, 64),
+    "b8-8k-q128": ("cache", 8, 8192, 128),
+    "b8-8k-q256": ("cache", 8, 8192, 256),
+    "dense-b8-1k": ("dense", 8, 1024, 1024),
+    "dense-b2-4k": ("dense", 2, 4096, 4096),
 }
 
 
@@ -59,6 +68,8 @@ def _calls(entry, q, kc, vc):
 
     if entry == "cache":
         return cache, None
+    if entry == "dense":
+        return (lambda: cute_attn.flash_attn_func(q, kc, vc, causal=True)), None
     qp, kp, vp = q.flatten(0, 1), kc.flatten(0, 1), vc.flatten(0, 1)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device="cuda")
     cu_k = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
@@ -77,10 +88,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
-    for name, (entry, b, n, sq) in ROWS.items():
+    for name in args.rows:
+        entry, b, n, sq = ROWS[name]
         h, hkv, d = 32, 8, 128
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
         kc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)

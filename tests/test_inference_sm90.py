@@ -451,8 +451,9 @@ def test_kvcache_decode(h, hkv, sq, num_splits, new):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_kvcache_batch_idx_window_softcap(num_splits):
-    q, kc, vc = _cache_case(3, 1, 8, 2, 64, 700, seed=11, b_cache=5)
+@pytest.mark.parametrize("sq", [1, 3])  # 3: speculative rows (packed where fwd_pack_gqa takes them)
+def test_kvcache_batch_idx_window_softcap(sq, num_splits):
+    q, kc, vc = _cache_case(3, sq, 8, 2, 64, 700, seed=11, b_cache=5)
     rows = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
     lens = [700, 33, 129]
     n = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -622,12 +623,13 @@ def pack_gqa_built(monkeypatch):
 # (head dim, H, Hkv, Sq, num_splits, mode): G = 4 / 8 / 16 / 128 query heads a KV head;
 # unsplit, the table's splits, fp32 partials and the cluster merge; the causal corner, with a
 # left window, softcap and an unbounded window; G x Sq past one tile of rows (40 x 4); G
-# larger than the tile (128 heads of MQA: two tiles a position)
+# larger than the tile (128 heads of MQA: two tiles a position); every head dim's decode tile
 PACK_CASES = [
     (128, 8, 2, 4, 0, "causal"), (128, 8, 2, 4, 1, "causal"), (128, 8, 2, 3, 3, "left"),
     (128, 16, 2, 7, 1, "softcap"), (128, 8, 1, 5, 2, "causal"), (64, 32, 8, 2, 0, "causal"),
     (64, 16, 2, 6, 1, "window"), (256, 8, 2, 4, 0, "causal"), (256, 32, 2, 3, 1, "causal"),
-    (128, 8, 2, 40, 1, "causal"), (64, 128, 1, 2, 1, "causal"),
+    (128, 8, 2, 40, 1, "causal"), (64, 128, 1, 2, 1, "causal"), (96, 8, 2, 4, 2, "causal"),
+    (192, 16, 4, 2, 0, "softcap"),
 ]  # fmt: skip
 PACK_MODES = {
     "causal": {"causal": True},
