@@ -511,7 +511,9 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
     query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
     the tuning rule takes it (tile_config.fwd_pack_gqa, off until measured), never with
-    pack_gqa=False, nor for a group that does not tile the decode tile's rows."""
+    pack_gqa=False, nor for a group larger than the decode tile's rows that they do not
+    divide. A smaller group that does not divide them pads each tile: floor(tile_m / G)
+    positions a tile (FlashFwdSm90.tile_rows)."""
     group = p.qhead_per_kvhead
     if group == 1 or p.pack_gqa is False:
         return False
@@ -520,7 +522,7 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     if not fwd_pack_gqa(seqlen_q, group):
         return False
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
-    return tile_m % group == 0 or group % tile_m == 0
+    return group < tile_m or group % tile_m == 0
 
 
 def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:

@@ -6,12 +6,13 @@ the bottom-right causal corner; a serving engine's decode batch calls `flash_att
 with one query row a sequence. Unpacked, each CTA computes one query head's rows and reads its
 KV head's keys; packed (InputFeatures.pack_gqa, tile_config.fwd_pack_gqa forced on here), one
 CTA computes the G x Sq rows of a KV head's G query heads and reads them once. Each row: 32
-query heads over 8 KV heads, D=128, bf16, causal; KV-cache rows make a read-only call over
-cache lengths L (the new keys already appended), varlen rows pack B sequences of Sq rows over
-B x L keys, dense rows are causal prefill (Sq = L, flash_attn_func; they bound the rule), and
-varlen Sq = 1 rows add the KV-cache decode of the same data (the host's packed decode view) as
-a third variant. Every variant is checked against the fp32 reference, then timed under CUDA
-graphs of one and ten calls in rounds (scripts/decode_splits.graph_rounds).
+query heads over 8 KV heads unless it says otherwise, D=128, bf16, causal; KV-cache rows make
+a read-only call over cache lengths L (the new keys already appended), varlen rows pack B
+sequences of Sq rows over B x L keys, dense rows are causal prefill (Sq = L, flash_attn_func;
+they bound the rule), and varlen Sq = 1 rows add the KV-cache decode of the same data (the
+host's packed decode view) as a third variant. Every variant is checked against the fp32
+reference, then timed under CUDA graphs of one and ten calls in rounds
+(scripts/decode_splits.graph_rounds).
 TB/s counts K + V read once (meaningless for the compute-bound dense rows).
 
     python3 scripts/pack_gqa_ab.py [--rounds 50] [--rows NAME ...] [--out FILE.json]
@@ -35,7 +36,7 @@ from cute_attn.arch.common.features import InputFeatures  # noqa: E402
 from cute_attn.bench import environment  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
-ROWS = {  # entry, batch, keys a batch row, query rows
+ROWS = {  # entry, batch, keys a batch row, query rows[, query heads, KV heads (else 32, 8)]
     "b1-32k-q4": ("cache", 1, 32768, 4),
     "b8-8k-q2": ("cache", 8, 8192, 2),
     "b8-8k-q4": ("cache", 8, 8192, 4),
@@ -53,6 +54,11 @@ ROWS = {  # entry, batch, keys a batch row, query rows
     "b8-8k-q256": ("cache", 8, 8192, 256),
     "dense-b8-1k": ("dense", 8, 1024, 1024),
     "dense-b2-4k": ("dense", 2, 4096, 4096),
+    # groups that do not divide the decode tile's 64 rows (padded tiles): Qwen2.5-7B's 28 / 4
+    # heads (G = 7), and G = 5 (Qwen2.5-14B / 32B's 40 / 8)
+    "g7-b8-8k-q4": ("cache", 8, 8192, 4, 28, 4),
+    "g5-b8-8k-q4": ("cache", 8, 8192, 4, 40, 8),
+    "g7-varlen-b64-2k-q4": ("varlen", 64, 2048, 4, 28, 4),
 }
 
 
@@ -93,8 +99,8 @@ def main():
     torch.manual_seed(0)
     rows = []
     for name in args.rows:
-        entry, b, n, sq = ROWS[name]
-        h, hkv, d = 32, 8, 128
+        entry, b, n, sq, *heads = ROWS[name]
+        (h, hkv), d = heads or (32, 8), 128
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
         kc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)

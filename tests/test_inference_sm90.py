@@ -630,6 +630,11 @@ PACK_CASES = [
     (64, 16, 2, 6, 1, "window"), (256, 8, 2, 4, 0, "causal"), (256, 32, 2, 3, 1, "causal"),
     (128, 8, 2, 40, 1, "causal"), (64, 128, 1, 2, 1, "causal"), (96, 8, 2, 4, 2, "causal"),
     (192, 16, 4, 2, 0, "softcap"),
+    # groups that do not divide the tile's rows (padded tiles): 7 (Qwen2.5-7B's 28 / 4),
+    # 5 with fp32 partials, 6 merged in a cluster under a left window, 3 over two tiles of
+    # rows with softcap, 7 at D=256 under an unbounded window
+    (128, 28, 4, 3, 0, "causal"), (128, 40, 8, 4, 3, "causal"), (64, 12, 2, 5, 2, "left"),
+    (128, 6, 2, 40, 1, "softcap"), (256, 14, 2, 4, 0, "window"),
 ]  # fmt: skip
 PACK_MODES = {
     "causal": {"causal": True},
@@ -697,19 +702,22 @@ def test_kvcache_paged_pack_gqa_rows(pack_gqa_built, page_size):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "sq,sk,dtype,kw",
-    [(1, 700, torch.bfloat16, {"window_size": (50, None)}),
-     (17, 1000, torch.bfloat16, {"causal": True}),
-     (100, 333, torch.float16, {}),
-     (40, 20, torch.bfloat16, {"causal": True, "window_size": (9, None)})],
+    "sq,sk,dtype,kw,heads",
+    [(1, 700, torch.bfloat16, {"window_size": (50, None)}, (32, 8)),
+     (17, 1000, torch.bfloat16, {"causal": True}, (32, 8)),
+     (100, 333, torch.float16, {}, (32, 8)),
+     (40, 20, torch.bfloat16, {"causal": True, "window_size": (9, None)}, (32, 8)),
+     (17, 1000, torch.bfloat16, {"causal": True}, (28, 4)),
+     (100, 333, torch.float16, {"window_size": (20, 30)}, (40, 8))],
 )  # fmt: skip
-def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw):
+def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw, heads):
     # flash_attn_func with packed rows: one query row under a left window (the decode view
     # cannot take it), a few rows, several tiles of rows, rows that see no key (Sq > Sk under
-    # the causal corner, with a left window); pack_gqa=False keeps query heads apart
+    # the causal corner, with a left window), padded tiles (groups of 7 and 5);
+    # pack_gqa=False keeps query heads apart
     from gpu_cases import attn_inputs
 
-    q, k, v = attn_inputs(3, sq, sk, 32, 8, 128, 128, dtype, seed=sq)
+    q, k, v = attn_inputs(3, sq, sk, *heads, 128, 128, dtype, seed=sq)
     for pack, flag in ((None, True), (False, False)):
         pack_gqa_built.clear()
         out, lse = flash_attn_func(q, k, v, pack_gqa=pack, **kw)
@@ -722,15 +730,17 @@ def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "d,mode,num_splits",
-    [(128, "full", 1), (128, "causal", 1), (128, "window", 1), (128, "softcap", 3),
-     (64, "causal", 3)],
+    "d,mode,num_splits,heads",
+    [(128, "full", 1, (8, 2)), (128, "causal", 1, (8, 2)), (128, "window", 1, (8, 2)),
+     (128, "softcap", 3, (8, 2)), (64, "causal", 3, (8, 2)), (128, "causal", 1, (14, 2)),
+     (128, "window", 3, (10, 2))],
 )  # fmt: skip
-def test_varlen_pack_gqa_rows(pack_gqa_built, d, mode, num_splits):
+def test_varlen_pack_gqa_rows(pack_gqa_built, d, mode, num_splits, heads):
     # packed sequences (lengths 0, 1, odd, past a tile of rows) with each KV head's query
     # heads packed into the rows: Q loads from each sequence's first row, O stores stop at
-    # its last (the ragged view's seq part), so neighbours stay untouched
-    _check_varlen(8, 2, d, torch.bfloat16, mode_kwargs(mode), num_splits)
+    # its last (the ragged view's seq part), so neighbours stay untouched; also padded
+    # tiles (groups of 7 and 5, the latter through fp32 partials)
+    _check_varlen(*heads, d, torch.bfloat16, mode_kwargs(mode), num_splits)
     assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
 
 
@@ -1341,6 +1351,11 @@ cases = {  # name: (d, heads, kv heads, left, right, features, page size)
     "varlen": (128, 32, 8, False, True, F(cu_seqlens_q=True, cu_seqlens_k=True, pack_gqa=True), 0),
     "varlen_paged_split": (128, 32, 8, False, True, F(cu_seqlens_q=True, seqused_q=True,
                            seqused_k=True, paged_kv=True, split_kv=True, pack_gqa=True), 64),
+    # groups that do not divide the 64 rows: padded tiles (FlashFwdSm90.tile_rows)
+    "g7_cache": (128, 28, 4, False, True, F(**cache), 0),
+    "g5_partials": (128, 40, 8, False, True, F(split_kv=True, **cache), 0),
+    "g6_cluster": (64, 48, 8, False, True, F(split_kv=True, split_cluster=True, **cache), 0),
+    "g3_varlen": (128, 6, 2, True, True, F(cu_seqlens_q=True, cu_seqlens_k=True, pack_gqa=True), 0),
 }
 out = {}
 for name, (d, h, hkv, left, right, feats, page) in cases.items():
@@ -1362,10 +1377,11 @@ print(json.dumps(out))
 def test_pack_gqa_rows_build(tmp_path):
     # InputFeatures.pack_gqa (off in the table until measured): the KV-cache, windowed split,
     # cluster-merged, paged, D=256, dense MQA (G = 128 > tile_m) and packed-sequence (O
-    # stored through the ragged view; paged with split partials) variants build spill-free
-    # with wgmma and TMA loads, and Q's TMA box spans the packed rows as two dimensions: (G,
-    # tile_m / G) query heads x positions, or (tile_m, 1) heads of one position when G >
-    # tile_m
+    # stored through the ragged view; paged with split partials) variants, and those of
+    # groups that do not divide the tile (7, 5 with split partials, 6 merged in a cluster, 3
+    # packed under a window), build spill-free with wgmma and TMA loads, and Q's TMA box
+    # spans the packed rows as two dimensions: (G, tile_m // G) query heads x positions, or
+    # (tile_m, 1) heads of one position when G > tile_m
     r = run_json_snippet(_PACK_GQA_SNIPPET, tmp_path)
     if not r["cache_causal"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
@@ -1377,8 +1393,8 @@ def test_pack_gqa_rows_build(tmp_path):
 
 
 def test_pack_gqa_rows_kernel_checks():
-    # the kernel's own checks (the host never asks for these): a group that does not tile
-    # the rows (6 into 64), and a persistent grid
+    # the kernel's own checks (the host never asks for these): a group past the tile's rows
+    # that they do not divide (96 over 64; 6 pads the tile), and a persistent grid
     import cutlass
 
     from cute_attn.arch.common.features import InputFeatures
@@ -1389,8 +1405,9 @@ def test_pack_gqa_rows_kernel_checks():
     decode = fwd_tile_config(128, 128, True, False, True)
     args = (cutlass.BFloat16, 128, 128)
     FlashFwdSm90(*args, 4, False, True, False, decode, feats)
-    with pytest.raises(ValueError, match="6 query heads a KV head vs tile_m 64"):
-        FlashFwdSm90(*args, 6, False, True, False, decode, feats)
+    assert FlashFwdSm90(*args, 6, False, True, False, decode, feats).tile_rows == 60
+    with pytest.raises(ValueError, match="96 query heads a KV head vs tile_m 64"):
+        FlashFwdSm90(*args, 96, False, True, False, decode, feats)
     persistent = fwd_tile_config(128, 128, False, False, persistent_sms=132)
     with pytest.raises(ValueError, match="persistent"):
         FlashFwdSm90(*args, 4, False, False, False, persistent, InputFeatures(pack_gqa=True))

@@ -4,7 +4,8 @@ The CuTe DSL runs a `@cute.jit` function without a kernel launch as host code
 (host_jit.py), so the forward's tile ranges and per-element mask execute here over host
 tensors: one SM90 wgmma accumulator partition per thread of a warpgroup (all 128 threads in
 turn), tile by tile, for one query row a query and for packed GQA rows (`rows_per_query` G:
-row r is query r // G).
+row r is query r // G; where G does not divide the 64 rows, query tile m starts at row
+m x G x floor(64 / G), as FlashFwdSm90.tile_rows, and its last rows are padding).
 Each result is compared with `reference.visible_mask`, the contract's one mask rule:
 
 * `apply` sets exactly the invisible scores of every row that holds a query to -inf;
@@ -61,6 +62,7 @@ def _mask_grid_fn():
         rows_per_query: cutlass.Constexpr[int],
         has_left: cutlass.Constexpr[bool],
         has_right: cutlass.Constexpr[bool],
+        tile_rows: cutlass.Constexpr[int],
     ):
         major = cute.nvgpu.OperandMajorMode.K
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -68,8 +70,8 @@ def _mask_grid_fn():
             atom_layout_mnk=(1, 1, 1), tiler_mn=(TILE_M, TILE_N),
         )  # fmt: skip
         mask = TileMask(
-            TILE_M, TILE_N, seqlen_q, seqlen_k, window_left, window_right, has_left, has_right,
-            False, rows_per_query,
+            tile_rows, TILE_N, seqlen_q, seqlen_k, window_left, window_right, has_left,
+            has_right, False, rows_per_query,
         )  # fmt: skip
         cS = cute.make_identity_tensor((TILE_M, TILE_N))
         num_n = mR.shape[1] - 4
@@ -82,7 +84,11 @@ def _mask_grid_fn():
             mR[m, 3] = b
             for n in cutlass.range(num_n, unroll=1):
                 mR[m, 4 + n] = Int32(cutlass.select_(mask.tile_needs_mask(m, n), 1, 0))
-                gS = cute.local_tile(mS, (TILE_M, TILE_N), (m, n))
+                # tile m's rows start at m x tile_rows (padded tiles overlap the next one by
+                # their padding rows, whose query is that tile's first: the same scores)
+                gS = cute.local_tile(
+                    cute.domain_offset((m * tile_rows, 0), mS), (TILE_M, TILE_N), (0, n)
+                )
                 for t in cutlass.range(128, unroll=1):
                     thr = tiled_mma.get_slice(t)
                     mask.apply(thr.partition_C(gS), thr.partition_C(cS), m, n)
@@ -147,21 +153,27 @@ def _run(sq: int, sk: int, left: int, right: int, group: int):
     from cutlass import Int32
     from cutlass.cute.runtime import from_dlpack
 
-    rows = group * sq
-    num_m, num_n = -(-rows // TILE_M), -(-sk // TILE_N) + 1  # one key tile past the keys
-    S = torch.zeros(num_m * TILE_M, num_n * TILE_N, dtype=torch.float32)
+    rows, tile_rows = group * sq, _tile_rows(group)
+    num_m, num_n = -(-rows // tile_rows), -(-sk // TILE_N) + 1  # one key tile past the keys
+    S = torch.zeros((num_m - 1) * tile_rows + TILE_M, num_n * TILE_N, dtype=torch.float32)
     R = torch.zeros(num_m, 4 + num_n, dtype=torch.int32)
     mask_grid(
         from_dlpack(S), from_dlpack(R), Int32(sq), Int32(sk), Int32(max(left, 0)),
-        Int32(max(right, 0)), group, left >= 0, right >= 0,
+        Int32(max(right, 0)), group, left >= 0, right >= 0, tile_rows,
     )  # fmt: skip
     return S, R
 
 
-@pytest.mark.parametrize("group", [1, 4, 8, 128])
+def _tile_rows(group: int) -> int:
+    """The rows a query tile advances (FlashFwdSm90.tile_rows)."""
+    return TILE_M // group * group if group < TILE_M else TILE_M
+
+
+@pytest.mark.parametrize("group", [1, 4, 8, 128, 7, 3])  # 7 and 3: padded tiles (63 rows)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_tile_mask_matches_the_rule(window, group):
     left, right = window
+    tile_rows = _tile_rows(group)
     for sq, sk in SHAPES + (LONG_SHAPES if group <= 8 else []):
         S, R = _run(sq, sk, left, right, group)
         rows, cols = S.shape
@@ -174,7 +186,7 @@ def test_tile_mask_matches_the_rule(window, group):
         assert torch.equal(got, expect), (sq, sk, window, group)
         assert bool((S[:valid][~expect] == float("-inf")).all())
         for m in range(R.shape[0]):
-            lo_row, hi_row = m * TILE_M, min((m + 1) * TILE_M, valid)
+            lo_row, hi_row = m * tile_rows, min((m + 1) * tile_rows, valid)
             if lo_row >= valid:
                 continue
             n_min, n_max, a, b = R[m, :4].tolist()

@@ -6,7 +6,10 @@
   a marker written through every row a CTA of sequence b and (KV) head g owns (its
   `num_rows`) must sit at the position and query head the contract says (row r + G x i:
   query head g x G + r, position cu_seqlens_q[b] + i), no row written twice and nothing
-  outside the sequences' used rows touched.
+  outside the sequences' used rows touched. The same markers also go through the query
+  tiles the kernel walks (tiles of FlashFwdSm90.tile_rows rows: G x floor(64 / G) where G
+  does not divide 64, padded tiles) as Q's TMA tile and the split partials' per-row stores
+  index them.
 * `SeqInfo.create` on valid and on bad index values (negative, decreasing, past the
   tensors): offsets and lengths stay inside the tensors (the host checks values only after
   the launch), and valid values pass unchanged.
@@ -40,6 +43,7 @@ def _rows_fn():
         mSeqUsedQ: cute.Tensor,
         group: cutlass.Constexpr[int],
         used: cutlass.Constexpr[bool],
+        tile_rows: cutlass.Constexpr[int],
     ):
         feats = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True, seqused_q=used)
         q, o = [select_modes(t, [1, 3, 2, 0]) for t in (mQ, mO)]
@@ -64,6 +68,16 @@ def _rows_fn():
                     rows_q[r, 0] = rows_q[r, 0] + mark
                     rows_o[r, 1] = rows_o[r, 1] + mark
                     lse[seq.first_row() + r, g, 0] = lse[seq.first_row() + r, g, 0] + mark
+                # tile by tile: Q's tile (column 2) and a partial's row by flat index (column 3)
+                for m in cutlass.range(cute.ceil_div(seq.num_rows(), tile_rows), unroll=1):
+                    gQ = cute.local_tile(rows_q, (tile_rows, q.shape[1]), (m, 0))
+                    for r in cutlass.range(tile_rows, unroll=1):
+                        row = m * tile_rows + r
+                        if row < seq.num_rows():
+                            mark = Float32(1 + b * 65536 + g * 1024 + row)
+                            gQ[r, 2] = gQ[r, 2] + mark
+                            o_row = seq.rows_q(o[None, None, g, seq.q_batch])[row, None]
+                            o_row[3] = o_row[3] + mark
 
     return write_rows
 
@@ -81,7 +95,7 @@ def _expected(lens, used, h, group):
     return want
 
 
-@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("group", [1, 4, 8, 7, 3])  # 7, 3: padded tiles (63 rows)
 @pytest.mark.parametrize("with_used", [False, True])
 def test_packed_rows_land_where_the_contract_says(group, with_used):
     write_rows = _rows_fn()
@@ -89,7 +103,7 @@ def test_packed_rows_land_where_the_contract_says(group, with_used):
 
     lens = [5, 0, 1, 37, 2, 64]
     used = [3, 0, 1, 37, 0, 60] if with_used else lens
-    h, d = 8, 4
+    h, d = 2 * group if 8 % group else 8, 4
     total = sum(lens)
     q = torch.zeros(1, total, h, d)
     o = torch.zeros(1, total, h, d)
@@ -99,13 +113,15 @@ def test_packed_rows_land_where_the_contract_says(group, with_used):
     # dynamic 64-bit strides, as the kernel's tensors have (the ragged view's row offsets
     # pass 2^30 rows)
     q_, o_, lse_ = (from_dlpack(t).mark_layout_dynamic() for t in (q, o, lse))
-    write_rows(q_, o_, lse_, from_dlpack(cu), from_dlpack(seqused), group, with_used)
+    tile_rows = 64 // group * group if group < 64 else 64
+    write_rows(q_, o_, lse_, from_dlpack(cu), from_dlpack(seqused), group, with_used, tile_rows)
     want = _expected(lens, used, h, group)
-    assert torch.equal(q[0, :, :, 0], want), (q[0, :, :, 0] - want).nonzero()[:8]
-    assert torch.equal(o[0, :, :, 1], want), (o[0, :, :, 1] - want).nonzero()[:8]
-    assert torch.equal(lse[0].T, want), (lse[0].T - want).nonzero()[:8]
+    for name, got in (("q", q[0, :, :, 0]), ("o", o[0, :, :, 1]), ("lse", lse[0].T),
+                      ("q tiles", q[0, :, :, 2]), ("o rows", o[0, :, :, 3])):  # fmt: skip
+        assert torch.equal(got, want), (name, (got - want).nonzero()[:8])
     # nothing else written: the other columns of q / o stay zero
-    assert not q[..., 1:].any() and not o[..., 0].any() and not o[..., 2:].any()
+    assert not q[..., 1].any() and not q[..., 3].any() and not o[..., 0].any()
+    assert not o[..., 2].any()
 
 
 @functools.cache

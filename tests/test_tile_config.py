@@ -163,8 +163,9 @@ def test_split_cluster_rule_and_plans(monkeypatch):
 def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     # fwd_sm90._pack_gqa_rows / _plan: with tile_config.fwd_pack_gqa forced on, the GQA calls
     # the Sq = 1 host view does not pack (more query rows, a left window, packed sequences)
-    # build InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads;
-    # groups that do not tile its rows, MHA and pack_gqa=False stay unpacked. The table
+    # build InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads
+    # (groups that do not divide its rows too: the kernel pads the tile); groups past a tile
+    # that it does not divide, MHA and pack_gqa=False stay unpacked. The table
     # keeps it off until measured.
     from cute_attn import fwd_sm90
 
@@ -190,7 +191,9 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
         (1, 32, 8, -1, None, False),  # the decode view packs it (no kernel feature)
         (1, 32, 8, 100, None, True), (7, 16, 2, 5, None, True), (3, 128, 1, -1, None, True),
         (4, 8, 8, -1, None, False),  # MHA
-        (4, 12, 2, -1, None, False),  # G = 6 does not tile 64 rows
+        (4, 12, 2, -1, None, True),  # G = 6: 10 positions a 64-row tile, 4 rows padding
+        (2, 28, 4, -1, None, True),  # G = 7 (Qwen2.5-7B's heads): 9 positions, 1 row
+        (4, 96, 1, -1, None, False),  # G = 96: more than a tile, not a multiple of it
     ]  # fmt: skip
     for sq, h, hkv, left, pack, packed in cases:
         p = problem(sq, h, hkv, left, pack)

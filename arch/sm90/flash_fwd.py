@@ -29,8 +29,10 @@ each sequence's last key (TMA fills the rest with zeros); with seqused_k alone o
 are zeroed in smem. batch_order: grid z-slice z computes batch row batch_order[z] (longest
 first). pack_gqa: the grid walks KV heads and a tile's rows are the (query head, position)
 pairs of one KV head's G query heads, G rows a position (`layout.pack_gqa_rows`: TMA boxes
-and partitions see the row mode (G, seqlen_q) as two strides, so G must divide tile_m or
-tile_m divide G); the mask reads row // G as the query.
+and partitions see the row mode (G, seqlen_q) as two strides); the mask reads row // G as the
+query. A tile holds whole positions, floor(tile_m / G) of them (`tile_rows`; where G does not
+divide tile_m the rows past them are padding that the MMA computes and the epilogue drops), or
+tile_m divides G (whole tiles of one position's heads).
 
 Constraints: fp16/bf16; (head_dim, head_dim_v) from tile_config.SUPPORTED_HEAD_DIMS;
 last dim contiguous and every other stride a multiple of 8 elements (16 B, for TMA);
@@ -69,6 +71,7 @@ from ..common.softmax import LN2, LOG2E, OnlineSoftmax
 from .primitives import (
     arrive_after,
     dsmem_address,
+    first_rows,
     gemm,
     load_dsmem_f32,
     release_after,
@@ -162,15 +165,20 @@ class FlashFwdSm90:
             raise ValueError("seqused_q needs packed q (cu_seqlens_q) or split-KV partials")
         if feats.paged_kv and feats.kv_batch_idx:
             raise ValueError("paged_kv maps batch rows to pages itself: no kv_batch_idx")
-        # packed GQA: G = qhead_per_kvhead rows a query position; a tile's rows must be whole
-        # positions (or whole tiles of one position's heads) for TMA boxes over (G, seq)
+        # packed GQA: G = qhead_per_kvhead rows a query position; a tile's TMA boxes over
+        # (G, seq) take whole positions: tile_rows = G x floor(tile_m / G) of the tile's rows
+        # (padding past them where G does not divide tile_m), or whole tiles of one
+        # position's heads (tile_m | G)
         self.pack_rows = self.qhead_per_kvhead if feats.pack_gqa else 1
+        self.tile_rows = cfg.tile_m
         if feats.pack_gqa:
             g, m = self.qhead_per_kvhead, cfg.tile_m
-            if g == 1 or (m % g and g % m):
+            if g == 1 or (g > m and g % m):
                 raise ValueError(f"pack_gqa: {g} query heads a KV head vs tile_m {m}")
             if cfg.persistent_ctas:
                 raise ValueError("pack_gqa: not with a persistent grid")
+            if g < m:
+                self.tile_rows = m // g * g
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         # ping-pong: the consumer warpgroups take turns round-robin (the table decides when)
@@ -289,8 +297,11 @@ class FlashFwdSm90:
         sO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v, None)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        # Q's and O's TMA boxes fill the first tile_rows rows of the tile (all but packed GQA's
+        # padding rows, which the load leaves as they are and the store never reads)
+        sQ_box, sO_box = (first_rows(x, self.tile_rows) for x in (sQ_layout, sO_layout))
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
-            tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+            tma_load, mQ, sQ_box, (self.tile_rows, self.head_dim)
         )
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
             tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
@@ -309,10 +320,12 @@ class FlashFwdSm90:
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(),
                 mO_store,
-                sO_layout,
-                (self.tile_m, self.head_dim_v),
+                sO_box,
+                (self.tile_rows, self.head_dim_v),
             )
-        self.tx_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        # the box's elements (size_in_bytes counts a swizzled layout's cosize: past the
+        # padded box's own bytes, and the Q barrier would wait for bytes that never come)
+        self.tx_bytes_q = self.tile_rows * self.head_dim * self.dtype.width // 8
         self.tx_bytes_k = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
         self.tx_bytes_v = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
@@ -332,7 +345,7 @@ class FlashFwdSm90:
 
         self.shared_storage = SharedStorage
 
-        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
+        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_rows)
         num_batch = mQ.shape[3]
         if cutlass.const_expr(feats.cu_seqlens_q):
             num_batch = mCuSeqlensQ.shape[0] - 1
@@ -503,7 +516,7 @@ class FlashFwdSm90:
                 mSeqUsedK, mKvBatchIdx, mK.shape[3], self.pack_rows,
             )  # fmt: skip
             mask = TileMask(
-                self.tile_m,
+                self.tile_rows,  # the rows a tile advances (packed GQA's padding left out)
                 self.tile_n,
                 seq.seqlen_q,
                 seq.seqlen_k,
@@ -530,7 +543,7 @@ class FlashFwdSm90:
 
             # a packed batch's grid is sized by its longest sequence: tiles past this one's end
             # have nothing to do (every role leaves together)
-            if m_block * self.tile_m < seq.num_rows():
+            if m_block * self.tile_rows < seq.num_rows():
                 wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
                 if wg_idx == 0:
                     cute.arch.setmaxregister_decrease(roles.producer_regs)
@@ -589,11 +602,11 @@ class FlashFwdSm90:
             head_kv = head // self.qhead_per_kvhead
         gQ = cute.local_tile(
             seq.rows_q(mQ[None, None, head, seq.q_batch]),
-            (self.tile_m, self.head_dim),
+            (self.tile_rows, self.head_dim),
             (m_block, 0),
         )
         paged = self.features.paged_kv
-        tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, gQ)
+        tQsQ, tQgQ = tma_tiles(tma_atom_Q, first_rows(sQ, self.tile_rows), gQ)
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, self._key_tiles(mK, seq, head_kv, seq.kv_batch))
         gV = self._key_tiles(mV, seq, head_kv, seq.kv_batch, ragged=self.ragged_v)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
@@ -873,7 +886,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cluster_merge):
             used = None  # every row (FwdTileConfig.merge_used_rows off)
             if cutlass.const_expr(self.config.merge_used_rows):
-                used = self._used_rows(tiled_mma_pv, tidx, m_block * self.tile_m, seq.num_rows())
+                used = self._used_rows(tiled_mma_pv, tidx, m_block, seq.num_rows())
             if self._merge_splits(acc_o, lse, tidx, xchg, used):
                 self.epilogue(
                     tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block,
@@ -1045,14 +1058,22 @@ class FlashFwdSm90:
     # ------------------------------------------------------------------ split merge
     @cute.jit
     def _used_rows(
-        self, tiled_mma_pv: cute.TiledMma, tidx: Int32, first_row: Int32, seqlen_q: Int32
+        self, tiled_mma_pv: cute.TiledMma, tidx: Int32, m_block: Int32, num_rows: Int32
     ) -> list:
         """Per fragment row of this thread: whether its query row is one the epilogue stores
         (FwdTileConfig.merge_used_rows)."""
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         tOcO = acc_as_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(cO))
         rows = cute.size(tOcO, mode=[0])
-        return [first_row + tOcO[r, 0][0] < seqlen_q for r in range(rows)]
+        return [self._stored_row(m_block, tOcO[r, 0][0], num_rows) for r in range(rows)]
+
+    def _stored_row(self, m_block: Int32, row_in_tile: Int32, num_rows: Int32):
+        """Whether row `row_in_tile` of query tile m_block holds a row of out / lse: below
+        the sequence's rows, and not one of packed GQA's padding rows."""
+        used = m_block * self.tile_rows + row_in_tile < num_rows
+        if cutlass.const_expr(self.tile_rows < self.tile_m):
+            used = used & (row_in_tile < self.tile_rows)
+        return used
 
     @cute.jit
     def _merge_splits(
@@ -1164,8 +1185,8 @@ class FlashFwdSm90:
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cO))
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
-                row = m_block * self.tile_m + tOcO[r, 0][0]
-                if row < seqlen_q:
+                if self._stored_row(m_block, tOcO[r, 0][0], seqlen_q):
+                    row = m_block * self.tile_rows + tOcO[r, 0][0]
                     mLSE[seq.first_row() + row, head, out_batch] = lse[r]
 
         if cutlass.const_expr(self.features.direct_store):
@@ -1211,8 +1232,8 @@ class FlashFwdSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         if warp_idx == roles.store_warp:
-            gO = cute.local_tile(mO_head, (self.tile_m, self.head_dim_v), (m_block, 0))
-            tOsO, tOgO = tma_tiles(tma_atom_O, sO, gO)
+            gO = cute.local_tile(mO_head, (self.tile_rows, self.head_dim_v), (m_block, 0))
+            tOsO, tOgO = tma_tiles(tma_atom_O, first_rows(sO, self.tile_rows), gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(not self.persistent):
@@ -1235,16 +1256,28 @@ class FlashFwdSm90:
         past this sequence's last row is written, so packed neighbours stay untouched."""
         r_o = cute.make_rmem_tensor_like(acc_o, mO.element_type)
         r_o.store(acc_o.load().to(mO.element_type))
-        gO = cute.local_tile(
-            seq.rows_q(mO[None, None, head, out_batch]),
-            (self.tile_m, self.head_dim_v),
-            (m_block, 0),
-        )
-        tOgO = acc_as_rows_cols(tiled_mma_pv.get_slice(tidx).partition_C(gO))
+        thr_mma = tiled_mma_pv.get_slice(tidx)
+        mO_rows = seq.rows_q(mO[None, None, head, out_batch])
         tOrO = acc_as_rows_cols(r_o)
+        tOgO = None
+        if cutlass.const_expr(self.tile_rows == self.tile_m):
+            gO = cute.local_tile(mO_rows, (self.tile_m, self.head_dim_v), (m_block, 0))
+            tOgO = acc_as_rows_cols(thr_mma.partition_C(gO))
         for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
-            if m_block * self.tile_m + tOcO[r, 0][0] < seq.num_rows():
-                cute.autovec_copy(tOrO[r, None], tOgO[r, None])
+            row_in_tile = tOcO[r, 0][0]
+            if self._stored_row(m_block, row_in_tile, seq.num_rows()):
+                dst = tOgO
+                if cutlass.const_expr(tOgO is None):
+                    # packed GQA rows with padding: no tile_m-row tile of mO starts at
+                    # m_block x tile_rows, so the row is seen as a tile of tile_m copies of
+                    # it (row stride 0) whose partition holds its columns in fragment order
+                    row = mO_rows[m_block * self.tile_rows + row_in_tile, None]
+                    g_row = cute.make_tensor(
+                        row.iterator,
+                        cute.make_layout((self.tile_m, self.head_dim_v), stride=(0, 1)),
+                    )
+                    dst = acc_as_rows_cols(thr_mma.partition_C(g_row))
+                cute.autovec_copy(tOrO[r, None], dst[r, None])
 
     # ------------------------------------------------------------------ helpers
     def _pipeline_states(self, user: pipeline.PipelineUserType):

@@ -3,6 +3,8 @@
 * `smem_layout`: a swizzled K-major (row-major) smem layout for a (rows, cols[, stages]) tile,
   the layout TMA writes and wgmma reads;
 * `tma_tiles`: (smem, gmem) TMA partitions of a tile pair (no multicast);
+* `first_rows`: the first rows of a (rows, cols) smem tile, for a TMA box that covers fewer
+  rows than the MMA reads (packed GQA's padded tiles);
 * `gemm`: issue one warpgroup GEMM over all k-blocks and commit it as one wgmma group;
 * `tma_pipeline`: an mbarrier pipeline filled by one TMA-issuing thread and released once per
   consumer warp;
@@ -43,6 +45,17 @@ def smem_layout(
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     order = (0, 1) if stages is None else (0, 1, 2)
     return cute.tile_to_shape(atom, shape, order=order)
+
+
+def first_rows(t, rows: int):
+    """The first `rows` rows of a (tile rows, cols) smem layout or tensor (itself when that is
+    all of it); the swizzle stays that of the whole tile, where TMA and wgmma agree."""
+    tile_rows = cute.size(t.shape[0])
+    if rows == tile_rows:
+        return t
+    return cute.composition(
+        t, cute.make_layout((rows, cute.size(t.shape[1])), stride=(1, tile_rows))
+    )
 
 
 def tma_tiles(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor, rank: int = 2):
