@@ -69,7 +69,7 @@ FWD_INPUTS = (
                                 "page_size": 256}),
     # GQA calls the Sq = 1 decode view does not pack (speculative decoding's few query rows,
     # packed sequences) pack a KV head's query heads into the decode tile's rows in the kernel
-    # (tile_config.fwd_pack_gqa), under the causal corner; built where the group tiles its rows
+    # (tile_config.fwd_pack_gqa), under the causal corner; built where the rule packs
     ("pack_gqa kvcache", {"seqused_k": True, "pack_gqa": True, "decode": True, "mask": "causal"}),
     ("pack_gqa kvcache split", {"seqused_k": True, "pack_gqa": True, "split_kv": True,
                                 "decode": True, "mask": "causal"}),
@@ -200,8 +200,8 @@ def _variant_problems(head_dims, dtypes, heads):
                 not fwd_persistent(d, 1, left, right) or (inputs.get("tall") and d > 64)
             ):
                 continue
-            # packed GQA rows only where the runtime rule can pick them (a few query rows,
-            # a group that tiles the decode tile's rows)
+            # packed GQA rows only where the runtime rule can pick them (a few query rows; a
+            # group below the decode tile's rows, or a multiple of them)
             if inputs.get("pack_gqa") and not _pack_gqa_rows(p, 2):
                 continue
             # cluster-merged splits only where the runtime rule can pick them
