@@ -660,7 +660,7 @@ def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     Measured against unpacked launches (pack_gqa_ab_h200.json, CUDA graphs, 32 / 8 heads,
     D=128, causal): 2.4-3.5x faster on all nine rows, e.g. B=8 Sk=8k Sq=4 66.7 us against
     191.0, B=64 489.7 against 1622.7; the unpacked calls ran speculative decoding at 0.49x
-    FA4 (B=8). Groups that do not divide the decode tile's 64 rows (3, 5, 6, 7; e.g. 28 / 4
+    FA4 (B=8). Groups that do not divide the decode tile's rows (3, 5, 6, 7; e.g. 28 / 4
     heads) pack into padded tiles since the forty-second session (built and CPU-tested only).
     Off until the packed tests and CI run again with it on, and the A/B's rows of more query
     rows (Sq 16..256, dense prefill) bound where it stops paying (scripts/pack_gqa_ab.py)."""
