@@ -45,6 +45,7 @@ from .arch.sm90.tile_config import (
     fwd_ragged_cache,
     fwd_split_cluster,
     fwd_tile_config,
+    packed_tile_rows,
     paged_tile_n,
 )
 from .cache import KernelKey, compiled_cache, export_only
@@ -522,7 +523,7 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     if not fwd_pack_gqa(seqlen_q, group):
         return False
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
-    return group < tile_m or group % tile_m == 0
+    return packed_tile_rows(tile_m, group) is not None
 
 
 def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:

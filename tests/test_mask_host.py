@@ -166,7 +166,9 @@ def _run(sq: int, sk: int, left: int, right: int, group: int):
 
 def _tile_rows(group: int) -> int:
     """The rows a query tile advances (FlashFwdSm90.tile_rows)."""
-    return TILE_M // group * group if group < TILE_M else TILE_M
+    from cute_attn.arch.sm90.tile_config import packed_tile_rows
+
+    return packed_tile_rows(TILE_M, group)
 
 
 @pytest.mark.parametrize("group", [1, 4, 8, 128, 7, 3])  # 7 and 3: padded tiles (63 rows)

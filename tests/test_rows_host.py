@@ -113,7 +113,9 @@ def test_packed_rows_land_where_the_contract_says(group, with_used):
     # dynamic 64-bit strides, as the kernel's tensors have (the ragged view's row offsets
     # pass 2^30 rows)
     q_, o_, lse_ = (from_dlpack(t).mark_layout_dynamic() for t in (q, o, lse))
-    tile_rows = 64 // group * group if group < 64 else 64
+    from cute_attn.arch.sm90.tile_config import packed_tile_rows
+
+    tile_rows = packed_tile_rows(64, group)  # FlashFwdSm90.tile_rows of the 64-row tile
     write_rows(q_, o_, lse_, from_dlpack(cu), from_dlpack(seqused), group, with_used, tile_rows)
     want = _expected(lens, used, h, group)
     for name, got in (("q", q[0, :, :, 0]), ("o", o[0, :, :, 1]), ("lse", lse[0].T),

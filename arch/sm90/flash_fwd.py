@@ -85,6 +85,7 @@ from .tile_config import (
     SMEM_BYTES_SM90,
     SUPPORTED_HEAD_DIMS,
     FwdTileConfig,
+    packed_tile_rows,
 )
 
 
@@ -173,12 +174,11 @@ class FlashFwdSm90:
         self.tile_rows = cfg.tile_m
         if feats.pack_gqa:
             g, m = self.qhead_per_kvhead, cfg.tile_m
-            if g == 1 or (g > m and g % m):
+            self.tile_rows = packed_tile_rows(m, g)
+            if g == 1 or self.tile_rows is None:
                 raise ValueError(f"pack_gqa: {g} query heads a KV head vs tile_m {m}")
             if cfg.persistent_ctas:
                 raise ValueError("pack_gqa: not with a persistent grid")
-            if g < m:
-                self.tile_rows = m // g * g
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         # ping-pong: the consumer warpgroups take turns round-robin (the table decides when)

@@ -667,6 +667,16 @@ def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
     return False
 
 
+def packed_tile_rows(tile_m: int, group: int) -> int | None:
+    """The rows a query tile of `tile_m` rows takes under packed GQA rows of `group` query heads
+    a position (FlashFwdSm90.tile_rows; its TMA boxes over (group, seq) take whole positions):
+    group x floor(tile_m / group) for a smaller group (the rest of the tile is padding), tile_m
+    for a multiple of it (whole tiles of one position's heads), None otherwise (no packing)."""
+    if group < tile_m:
+        return tile_m // group * group
+    return tile_m if group % tile_m == 0 else None
+
+
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
 MAX_CLUSTER_SPLITS = 8
 
