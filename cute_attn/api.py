@@ -146,6 +146,10 @@ def flash_attn_func(
     CUDA fp16/bf16 inputs run the cute_attn kernel for the device (SM90); CPU inputs of any
     float dtype run the reference. `fallback="reference"` lets an unserved CUDA call run the
     slow reference instead of raising. `cute_attn.last_dispatch()` says what ran.
+    num_splits: key-range splits (0: the tuning table's). pack_gqa: None lets the table decide
+    whether a GQA call's query heads share the kernel's tile rows, True asks for it (any Sq,
+    where the kernel's packed tiles have run on the GPU), False keeps them apart
+    (docs/contract.md).
     """
     knobs = (softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, deterministic,
              fallback)  # fmt: skip
@@ -350,6 +354,7 @@ def flash_attn_with_kvcache(
     window_size=(None, None),
     softcap=0.0,
     num_splits=0,
+    pack_gqa: bool | None = None,
     fallback: str | None = None,
 ):
     """KV-cache attention for decoding: optionally append new k/v into the cache, then attend.
@@ -363,14 +368,15 @@ def flash_attn_with_kvcache(
     cache_seqlens[b] + i when causal/windowed, else all q rows at cache_seqlens[b]
     (FlashAttention's rule; needs k/v); rotary_interleaved picks GPT-J pairs (True) or GPT-NeoX
     halves (False). Then q attends to the first cache_seqlens[b] + S_new keys of its row,
-    causal bottom-right per row (default causal=True), window/softcap as in flash_attn_func.
+    causal bottom-right per row (default causal=True), window / softcap / num_splits /
+    pack_gqa as in flash_attn_func.
     Returns out (B, Sq, H, Dv) in q's dtype and lse (B, H, Sq) float32.
     On SM90 the forward kernel serves dense and paged caches (the append and rotary are torch
     ops before it; page sizes that fit no TMA key tile, such as 1 or 8, are gathered into a
     dense copy first, which last_dispatch() reports). CPU runs the reference.
     See cute_attn.inference for the exact semantics.
     """
-    knobs = (softmax_scale, causal, window_size, softcap, num_splits, fallback,
+    knobs = (softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, fallback,
              rotary_interleaved)  # fmt: skip
     key = None
     if k is None and v is None and rotary_cos is None and rotary_sin is None:
@@ -405,7 +411,7 @@ def flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
         page_table=page_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-        num_splits=num_splits,
+        num_splits=num_splits, pack_gqa=pack_gqa,
     )  # fmt: skip
     _check_bool("rotary_interleaved", rotary_interleaved)
     if torch.compiler.is_compiling():
@@ -499,7 +505,7 @@ def _kvcache_op(q, k_cache, v_cache, k, v, p, cache_seqlens, cache_batch_idx, pa
     lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     lens_int = None if lens is not None else cache_seqlens
     common = (p.softmax_scale, p.window_left, p.window_right, p.softcap, p.num_splits,
-              fallback or "")  # fmt: skip
+              fallback or "", p.pack_gqa)  # fmt: skip
     if k is None:
         return ops.kvcache_fwd(q, k_cache, v_cache, lens, lens_int, cache_batch_idx, page_table,
                                *common)  # fmt: skip

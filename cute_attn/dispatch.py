@@ -103,7 +103,7 @@ def _sm90_unsupported_reason():
 
 
 def _sm90_route_note(p: AttnProblem) -> str:
-    if not p.paged:  # the only input with more than one kernel route so far
+    if not p.paged and p.num_heads == p.num_heads_kv:  # one route: nothing to add
         return ""
     from .fwd_sm90 import route_note
 

@@ -41,6 +41,7 @@ from .arch.sm90.tile_config import (
     fills_two_ctas_per_sm,
     fwd_num_splits,
     fwd_pack_gqa,
+    fwd_pack_gqa_asked,
     fwd_persistent,
     fwd_ragged_cache,
     fwd_split_cluster,
@@ -313,13 +314,20 @@ def paged_route(p: AttnProblem) -> str | None:
 
 
 def route_note(p: AttnProblem) -> str:
-    """What dispatch records beyond "SM90 forward kernel" (honest about what ran)."""
+    """What dispatch records beyond "SM90 forward kernel" (honest about what ran): how a
+    GQA call's query heads share tiles, and a paged cache's gathered route."""
+    note = ""
+    group = p.qhead_per_kvhead
+    if group > 1 and not p.varlen and _pack_decode(p, p.seqlen_q):
+        note = f"; the {group} query heads of each KV head share one tile (GQA decode view)"
+    elif group > 1 and _pack_gqa_rows(p, p.seqlen_q):
+        note = f"; the {group} query heads of each KV head packed into the tile's rows (pack_gqa)"
     if paged_route(p) == "gather":
-        return (
+        note += (
             f"; page size {p.page_size} fits no TMA key tile, so torch gathers the pages into "
             f"a dense copy first"
         )
-    return ""
+    return note
 
 
 @functools.lru_cache(maxsize=256)
@@ -511,19 +519,22 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     """Pack the query heads of a KV head into the tile's rows inside the kernel
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
     query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
-    the tuning rule takes it (tile_config.fwd_pack_gqa, off until measured), never with
-    pack_gqa=False, nor for a group larger than the decode tile's rows that they do not
-    divide. A smaller group that does not divide them pads each tile: floor(tile_m / G)
-    positions a tile (FlashFwdSm90.tile_rows)."""
+    the tuning rule takes it (tile_config.fwd_pack_gqa, off until measured) or the caller
+    passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: the packed tiles that have run on
+    the GPU), never with pack_gqa=False, nor for a group larger than the decode tile's rows
+    that they do not divide. A smaller group that does not divide them pads each tile:
+    floor(tile_m / G) positions a tile (FlashFwdSm90.tile_rows)."""
     group = p.qhead_per_kvhead
     if group == 1 or p.pack_gqa is False:
         return False
     if seqlen_q == 1 and p.window_left < 0 and not p.varlen:
         return False  # the decode view's (_pack_decode)
-    if not fwd_pack_gqa(seqlen_q, group):
+    if not p.pack_gqa and not fwd_pack_gqa(seqlen_q, group):
         return False
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
-    return packed_tile_rows(tile_m, group) is not None
+    if p.pack_gqa and fwd_pack_gqa_asked(tile_m, group):
+        return True
+    return fwd_pack_gqa(seqlen_q, group) and packed_tile_rows(tile_m, group) is not None
 
 
 def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:

@@ -26,7 +26,7 @@ cu_seqlens; gradients through seqused_q / seqused_k / page_table raise, as in ea
 
 `flash_attn_with_kvcache` traces into `cute_attn::kvcache_fwd(q, k_cache, v_cache,
 cache_seqlens, cache_seqlens_int, cache_batch_idx, page_table, softmax_scale, window_left,
-window_right, softcap, num_splits, fallback) -> (out, lse)` for a read-only call, and into
+window_right, softcap, num_splits, fallback, pack_gqa) -> (out, lse)` for a read-only call, and into
 `cute_attn::kvcache_append_fwd(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int,
 cache_batch_idx, page_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, ...)`,
 declared to mutate k_cache / v_cache, when new k / v are appended (cache_seqlens: the tensor,
@@ -241,7 +241,8 @@ varlen_fwd.register_autograd(_varlen_backward_formula, setup_context=_varlen_set
 # ---------------------------------------------------------------------------------- KV cache
 def _kvcache_call(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx,
                   page_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale,
-                  window_left, window_right, softcap, num_splits, fallback):  # fmt: skip
+                  window_left, window_right, softcap, num_splits, fallback,
+                  pack_gqa):  # fmt: skip
     from .api import flash_attn_with_kvcache
 
     out, lse = flash_attn_with_kvcache(
@@ -250,7 +251,7 @@ def _kvcache_call(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, c
         cache_batch_idx=cache_batch_idx, page_table=page_table, rotary_cos=rotary_cos,
         rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
         softmax_scale=softmax_scale, causal=False, window_size=(window_left, window_right),
-        softcap=softcap, num_splits=num_splits, fallback=fallback or None,
+        softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, fallback=fallback or None,
     )  # fmt: skip
     # fresh, contiguous outputs (the reference's lse is a permuted view of its own buffer)
     return out.contiguous(), lse.contiguous()
@@ -276,18 +277,19 @@ def kvcache_fwd(
     softcap: float,
     num_splits: int,
     fallback: str,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _kvcache_call(
         q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx,
         page_table, None, None, True, softmax_scale, window_left, window_right, softcap,
-        num_splits, fallback,
+        num_splits, fallback, pack_gqa,
     )  # fmt: skip
 
 
 @kvcache_fwd.register_fake
 def _kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx,
                       page_table, softmax_scale, window_left, window_right, softcap, num_splits,
-                      fallback):  # fmt: skip
+                      fallback, pack_gqa=None):  # fmt: skip
     return _kvcache_fake(q, v_cache)
 
 
@@ -313,11 +315,12 @@ def kvcache_append_fwd(
     softcap: float,
     num_splits: int,
     fallback: str,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _kvcache_call(
         q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx,
         page_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, window_left,
-        window_right, softcap, num_splits, fallback,
+        window_right, softcap, num_splits, fallback, pack_gqa,
     )  # fmt: skip
 
 
@@ -325,5 +328,5 @@ def kvcache_append_fwd(
 def _kvcache_append_fwd_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int,
                              cache_batch_idx, page_table, rotary_cos, rotary_sin,
                              rotary_interleaved, softmax_scale, window_left, window_right,
-                             softcap, num_splits, fallback):  # fmt: skip
+                             softcap, num_splits, fallback, pack_gqa=None):  # fmt: skip
     return _kvcache_fake(q, v_cache)

@@ -930,6 +930,7 @@ def validate_kvcache_static(
     window_size,
     softcap,
     num_splits,
+    pack_gqa=None,
 ) -> tuple[AttnProblem, ValueCheck | None]:
     """Validate a KV-cache (decode / append) call.
 
@@ -1157,6 +1158,7 @@ def validate_kvcache_static(
         page_size=page_size if paged else 0,
         kvcache=True,
         num_splits=splits,
+        pack_gqa=_check_pack_gqa(pack_gqa),
     )
     return problem, spec
 

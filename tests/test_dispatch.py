@@ -97,6 +97,37 @@ def test_sm90_serves_paged_and_says_how(fake_arch, page_size, route, kvcache):
     assert ("gathers the pages" in d.reason) == (route == "gather"), d.reason
 
 
+# (Sq, H, Hkv, left window, pack_gqa, varlen, what the reason says of GQA tiles)
+GQA_NOTES = [
+    (1, 8, 2, -1, None, False, "share one tile (GQA decode view)"),
+    (1, 8, 2, -1, True, False, "share one tile (GQA decode view)"),
+    (1, 8, 2, -1, False, False, None),
+    (4, 8, 2, -1, None, False, None),  # the table's rule: off until measured
+    (4, 8, 2, -1, True, False, "the 4 query heads of each KV head packed"),
+    (1, 8, 2, 50, True, False, "packed into the tile's rows"),  # no decode view: a left bound
+    (4, 8, 2, -1, True, True, "packed into the tile's rows"),  # packed sequences
+    (4, 28, 4, -1, True, False, None),  # G = 7: padded tiles, not yet run on a GPU
+    (4, 8, 8, -1, True, False, None),  # MHA
+]
+
+
+@pytest.mark.parametrize("sq,h,hkv,left,pack,varlen,note", GQA_NOTES)
+def test_sm90_says_how_gqa_heads_share_tiles(fake_arch, sq, h, hkv, left, pack, varlen, note):
+    # pack_gqa=True packs a few query rows in the kernel where its packed tiles have run on
+    # the GPU (tile_config.fwd_pack_gqa_asked); the reason says what the launch does
+    fake_arch("sm_90a")
+    p = dataclasses.replace(
+        BASE, seqlen_q=sq, num_heads=h, num_heads_kv=hkv, window_left=left, pack_gqa=pack,
+        varlen=varlen,
+    )  # fmt: skip
+    d = dispatch.select(p, _tensors())
+    assert d.impl == "sm90_fwd"
+    if note is None:
+        assert d.reason == "SM90 forward kernel", d.reason
+    else:
+        assert note in d.reason, d.reason
+
+
 def test_varlen_gradients_need_packed_kv(fake_arch):
     # packed q and k / v under autograd run the kernel (the varlen backward serves them);
     # seqused, pages and KV-cache calls that need gradients are refused with the reason

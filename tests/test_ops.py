@@ -195,6 +195,7 @@ def test_opcheck_kvcache(paged, lengths):
     if not paged:  # a cache row per batch row through cache_batch_idx, a window and softcap
         idx = torch.tensor([1, 0], dtype=torch.int32)
         torch.library.opcheck(ops.kvcache_fwd, (*args[:5], idx, None, 0.25, 3, 1, 5.0, 0, ""))
+    torch.library.opcheck(ops.kvcache_fwd, (*args, True))  # pack_gqa given
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -205,6 +206,7 @@ def test_opcheck_kvcache_append(paged):
     args = (q, kc, vc, kn, vn, lens, None, None, table, ang.cos(), ang.sin(), False, 0.25, -1,
             0, 0.0, 0, "")  # fmt: skip
     torch.library.opcheck(ops.kvcache_append_fwd, args)
+    torch.library.opcheck(ops.kvcache_append_fwd, (*args, False))  # pack_gqa given
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -260,9 +262,21 @@ def test_compile_keeps_num_splits_and_pack_gqa():
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(LENS_Q),
         max_seqlen_k=max(LENS_K), num_splits=2, pack_gqa=True,
     ), fullgraph=True, backend=backend)(vq, vk, vv)  # fmt: skip
-    calls = {str(n.target): n.args[-2:] for n in seen if "cute_attn" in str(n.target)}
-    assert calls == {"cute_attn.fwd.default": (3, False),
-                     "cute_attn.varlen_fwd.default": (2, True)}, calls  # fmt: skip
+    qc, kc, vc, kn, vn, _ = _cache_inputs()
+    lens = torch.tensor([2, 6], dtype=torch.int32)
+    torch.compile(lambda q, kc, vc, n: cute_attn.flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=n, num_splits=4, pack_gqa=True,
+    ), fullgraph=True, backend=backend)(qc, kc, vc, lens)  # fmt: skip
+    torch.compile(lambda q, kc, vc, kn, vn, n: cute_attn.flash_attn_with_kvcache(
+        q, kc, vc, kn, vn, cache_seqlens=n, num_splits=5, pack_gqa=False,
+    ), fullgraph=True, backend=backend)(qc, kc, vc, kn, vn, lens)  # fmt: skip
+    calls = {str(n.target): n.args for n in seen if "cute_attn" in str(n.target)}
+    got = {name: (args[-3], args[-1]) if "kvcache" in name else args[-2:]
+           for name, args in calls.items()}  # fmt: skip
+    assert got == {"cute_attn.fwd.default": (3, False),
+                   "cute_attn.varlen_fwd.default": (2, True),
+                   "cute_attn.kvcache_fwd.default": (4, True),
+                   "cute_attn.kvcache_append_fwd.default": (5, False)}, got  # fmt: skip
 
 
 def test_compile_dynamic_shapes():

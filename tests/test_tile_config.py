@@ -18,6 +18,7 @@ from cute_attn.arch.sm90.tile_config import (
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_pack_gqa,
+    fwd_pack_gqa_asked,
     fwd_split_cluster,
     fwd_tile_config,
     paged_tile_n,
@@ -160,6 +161,15 @@ def test_split_cluster_rule_and_plans(monkeypatch):
     fwd_sm90._plan.cache_clear()
 
 
+def test_pack_gqa_asked_takes_whole_tiles():
+    # pack_gqa=True packs where the packed tiles have run on the GPU: G dividing the tile's
+    # rows or a multiple of them; padded tiles (G = 3, 5, 6, 7) not yet, nor G = 96
+    for tile_m, group, asked in ((64, 2, True), (64, 4, True), (64, 8, True), (64, 64, True),
+                                 (64, 128, True), (128, 16, True), (64, 3, False),
+                                 (64, 7, False), (128, 5, False), (64, 96, False)):  # fmt: skip
+        assert fwd_pack_gqa_asked(tile_m, group) is asked, (tile_m, group)
+
+
 def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     # fwd_sm90._pack_gqa_rows / _plan: with tile_config.fwd_pack_gqa forced on, the GQA calls
     # the Sq = 1 host view does not pack (more query rows, a left window, packed sequences)
@@ -184,6 +194,15 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
         )  # fmt: skip
 
     assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), 4)  # the table: off
+    # pack_gqa=True asks for it at any Sq, on the packed tiles that have run on the GPU
+    # (whole tiles: G divides the decode tile's rows or is a multiple of them; not padded)
+    for sq, h, hkv, asked in ((4, 32, 8, True), (4096, 32, 8, True), (2, 128, 1, True),
+                              (4, 28, 4, False), (4, 40, 8, False), (4, 96, 1, False)):  # fmt: skip
+        assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=True), sq) is asked, (sq, h)
+        assert not fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq)
+    p = problem(4, 32, 8, pack=True)
+    plan = fwd_sm90._plan(p, cache, 2, 4, 1000, False, 0)
+    assert InputFeatures(*plan.fn.features).pack_gqa and plan.scalars[4] == 16
     monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa", lambda seqlen_q, group: True)
     fwd_sm90._plan.cache_clear()
     cases = [  # (Sq, H, Hkv, left, pack_gqa, packed in the kernel)

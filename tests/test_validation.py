@@ -630,6 +630,9 @@ def test_kvcache_fills_problem():
     p = kvcache(q, kc, vc)  # no append, no cache_seqlens: every cache full
     assert p.seqlen_k == 10 and not p.has_seqused_k
     assert kvcache(q, kc, vc, k, v, cache_seqlens=9).has_seqused_k
+    assert p.pack_gqa is None
+    for pack in (True, False):
+        assert kvcache(q, kc, vc, cache_seqlens=9, pack_gqa=pack).pack_gqa is pack
 
 
 def test_kvcache_python_int_path_does_no_tensor_ops():
@@ -752,3 +755,5 @@ def test_kvcache_shares_scalar_checks():
         kvcache(q, kc, vc, cache_seqlens=1, window_size=(-3, 0))
     with pytest.raises(TypeError, match=names("softmax_scale")):
         kvcache(q, kc, vc, cache_seqlens=1, softmax_scale=torch.tensor(1.0))
+    with pytest.raises(TypeError, match=names("pack_gqa")):
+        kvcache(q, kc, vc, cache_seqlens=1, pack_gqa=1)

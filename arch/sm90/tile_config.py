@@ -677,6 +677,17 @@ def packed_tile_rows(tile_m: int, group: int) -> int | None:
     return tile_m if group % tile_m == 0 else None
 
 
+def fwd_pack_gqa_asked(tile_m: int, group: int) -> bool:
+    """Whether a call that passes pack_gqa=True packs its query heads into the tile's rows
+    inside the kernel whatever fwd_pack_gqa says (for any Sq, as FA4's flag does): where the
+    kernel's packed tiles of `tile_m` rows have passed their GPU tests. Whole tiles (G divides
+    tile_m, or is a multiple of it): 60 of 61 tests forced on passed on the H200, the 61st a
+    test bug (gpu_tests_inference_s41_h200.log, forty-first session), and they ran 2.4-3.5x
+    faster than unpacked launches at Sq <= 8 (pack_gqa_ab_h200.json). Padded tiles (G = 3, 5,
+    6, 7 on 64 rows; forty-second session) are built and CPU-tested only: not yet."""
+    return packed_tile_rows(tile_m, group) == tile_m
+
+
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
 MAX_CLUSTER_SPLITS = 8
 
