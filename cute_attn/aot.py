@@ -2,7 +2,9 @@
 
 `compile_variants` fills the disk cache (so GPU hosts with the same versions skip the JIT) and
 reports, per variant, compile time, registers, spills and whether the instructions the kernel
-is meant to use are in its SASS. Used by `python -m cute_attn compile` and by CI.
+is meant to use are in its SASS. Used by `python -m cute_attn compile` and by CI. With
+`jobs` > 1 the builds run in spawned worker processes (a caller's script then needs the
+`if __name__ == "__main__":` guard that multiprocessing's spawn asks for).
 
 The DSL reads CUTE_DSL_ARCH at import: call this in a process that has not imported cutlass
 yet, or that imported it with the same arch.
@@ -228,10 +230,34 @@ def compile_variants(
     dtypes: list[str] | None = None,
     progress: bool = False,
     heads: list[tuple[int, int]] | None = None,
+    jobs: int = 1,
 ) -> list[dict]:
+    """Build every variant (rows in a fixed order: the tables', then the small kernels'). With
+    `jobs` > 1 the builds run in that many fresh (spawned) processes, each importing the DSL
+    once: a build is one CPU core's work (trace, the DSL's passes, ptxas), and the disk
+    cache is safe across processes (per-key flock, atomic renames)."""
     if arch not in MEANT:
         return []  # no kernels for this arch yet (sm_100a: none)
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    spec = (arch, tuple(head_dims or ()), tuple(dtypes or ()), tuple(heads or ()))
+    old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
+    os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"  # (inherited by spawned workers)
+    try:
+        if jobs > 1:
+            return _build_parallel(spec, jobs, progress)
+        return [_report(_build_row(job), progress) for job in _job_list(spec)]
+    finally:
+        if old is None:
+            os.environ.pop("CUTE_ATTN_KEEP_ARTIFACTS", None)
+        else:
+            os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = old
+
+
+def _job_list(spec: tuple) -> list[tuple]:
+    """(name, kind, build thunk, instructions meant) of every variant `spec` = (arch,
+    head_dims, dtypes, heads) selects (empty tuples: the defaults); the same list, in the same
+    order, in every process that asks."""
+    arch, head_dims, dtypes, heads = spec
     from .arch.common.features import InputFeatures
     from .bwd_sm90 import build_bwd, bwd_key
     from .fwd_sm90 import build_fwd, fwd_key
@@ -255,8 +281,9 @@ def compile_variants(
 
     builders = {"sm90_fwd": (build_fwd, make_fwd_key), "sm90_bwd": (build_bwd, make_bwd_key)}
 
-    dtypes = [d for d in (dtypes or ["bf16", "fp16"]) if DTYPE_NAMES[d]]
-    jobs = []  # (name, kind, build thunk, instructions meant)
+    head_dims = list(head_dims) or None
+    dtypes = [d for d in (dtypes or ("bf16", "fp16")) if DTYPE_NAMES[d]]
+    jobs = []
     for name, kind, p, inputs in _variant_problems(head_dims, dtypes, heads or [(8, 2)]):
         meant = MEANT[arch] + MEANT_EXTRA.get(kind, ())
         if any(inputs.get(f) for f in DIRECT_STORE_INPUTS):
@@ -268,46 +295,82 @@ def compile_variants(
         build, make_key = builders[kind]
         jobs.append((name, kind, lambda b=build, m=make_key, p=p, i=inputs: b(m(p, arch, i)),
                      meant))  # fmt: skip
-    jobs += list(_aux_jobs(arch, head_dims, dtypes))
-    rows = []
-    old = os.environ.get("CUTE_ATTN_KEEP_ARTIFACTS")
-    os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = "1"
+    return jobs + list(_aux_jobs(arch, head_dims, dtypes))
+
+
+def _build_row(job: tuple) -> dict:
+    """Build one job; its report row (an exception is reported, not raised: one broken
+    variant must not hide the others)."""
+    name, kind, build, meant = job
+    arch = os.environ.get("CUTE_DSL_ARCH")
+    row = {"name": name, "kind": kind, "arch": arch, "seconds": None, "registers": None,
+           "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
+    t0 = time.perf_counter()
     try:
-        for name, kind, build, meant in jobs:
-            row = {"name": name, "kind": kind, "arch": arch, "seconds": None, "registers": None,
-                   "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
-            t0 = time.perf_counter()
-            try:
-                fn = build()
-                row["seconds"] = round(time.perf_counter() - t0, 2)
-                cubin = getattr(fn, "__cubin__", None)
-                if cubin:  # None when it came from the disk cache (no artifacts kept)
-                    sass = _sass(cubin)
-                    row["registers"] = _cubin_registers(cubin)
-                    row["spills"] = sass.count("STL") + sass.count("LDL") if sass else None
-                    row["instructions"] = {i: i in sass for i in meant} if sass else {}
-                    row["ok"] = bool(sass) and all(row["instructions"].values())
-                    if not sass:
-                        row["error"] = "nvdisasm not found: cannot check SASS"
-                    elif not row["ok"]:
-                        row["error"] = "missing instructions"
-                else:
-                    row["ok"] = True
-                    row["error"] = "loaded from disk cache: SASS not re-checked"
-            except Exception as e:  # report and go on: one broken variant must not hide others
-                row["error"] = f"{type(e).__name__}: {e}"[:2000]
-            rows.append(row)
-            if progress:
-                print(
-                    f"  {row['name']:<40} {row['seconds']}s regs={row['registers']} "
-                    f"spills={row['spills']} ok={row['ok']}",
-                    flush=True,
-                )
-    finally:
-        if old is None:
-            os.environ.pop("CUTE_ATTN_KEEP_ARTIFACTS", None)
+        fn = build()
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        cubin = getattr(fn, "__cubin__", None)
+        if cubin:  # None when it came from the disk cache (no artifacts kept)
+            sass = _sass(cubin)
+            row["registers"] = _cubin_registers(cubin)
+            row["spills"] = sass.count("STL") + sass.count("LDL") if sass else None
+            row["instructions"] = {i: i in sass for i in meant} if sass else {}
+            row["ok"] = bool(sass) and all(row["instructions"].values())
+            if not sass:
+                row["error"] = "nvdisasm not found: cannot check SASS"
+            elif not row["ok"]:
+                row["error"] = "missing instructions"
         else:
-            os.environ["CUTE_ATTN_KEEP_ARTIFACTS"] = old
+            row["ok"] = True
+            row["error"] = "loaded from disk cache: SASS not re-checked"
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+    return row
+
+
+def _report(row: dict, progress: bool) -> dict:
+    if progress:
+        print(
+            f"  {row['name']:<40} {row['seconds']}s regs={row['registers']} "
+            f"spills={row['spills']} ok={row['ok']}",
+            flush=True,
+        )
+    return row
+
+
+# a spawned worker's job list, built at its first task (thunks do not pickle: each worker
+# rebuilds the list from the spec and runs jobs by index)
+_WORKER_JOBS: dict = {}
+
+
+def _build_in_worker(spec: tuple, index: int) -> dict:
+    if spec not in _WORKER_JOBS:
+        _WORKER_JOBS[spec] = _job_list(spec)
+    return _build_row(_WORKER_JOBS[spec][index])
+
+
+def _build_parallel(spec: tuple, jobs: int, progress: bool) -> list[dict]:
+    import concurrent.futures
+    import multiprocessing
+
+    # (name, kind) of each job, in order; building the list also checks the spec before any
+    # worker starts
+    names = [job[:2] for job in _job_list(spec)]
+    rows: list[dict | None] = [None] * len(names)
+    # spawn, not fork: a forked child of a process that loaded the DSL's MLIR libraries (and
+    # their threads) is not safe; each worker imports the DSL once
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(names)), mp_context=ctx) as pool:
+        futures = {pool.submit(_build_in_worker, spec, i): i for i in range(len(names))}
+        for fut in concurrent.futures.as_completed(futures):
+            i = futures[fut]
+            try:
+                row = fut.result()
+            except Exception as e:  # a worker died (BrokenProcessPool) or could not pickle
+                row = {"name": names[i][0], "kind": names[i][1], "arch": spec[0], "seconds": None,
+                       "registers": None, "spills": None, "instructions": {}, "ok": False,
+                       "error": f"{type(e).__name__}: {e}"[:2000]}  # fmt: skip
+            rows[i] = _report(row, progress)
     return rows
 
 

@@ -29,6 +29,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -574,12 +575,22 @@ def cmd_bench(args) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (Linux)
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def cmd_compile(args) -> int:
     from cute_attn import aot
 
     heads = [tuple(int(x) for x in h.split(":")) for h in args.heads] if args.heads else None
+    if args.jobs < 0:
+        raise SystemExit(f"--jobs: expected N >= 0, got {args.jobs}")
+    # a build is one core's work (about 0.6 GB of memory a process on the CPU machine)
+    jobs = args.jobs or _usable_cpus()
     variants = aot.compile_variants(
-        args.arch, args.head_dims, args.dtypes, progress=True, heads=heads
+        args.arch, args.head_dims, args.dtypes, progress=True, heads=heads, jobs=jobs
     )
     if not variants:
         print(f"nothing to build for {args.arch} yet")
@@ -694,6 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="H:HKV",
         help="query:KV head counts to build (head counts are in the compile key; default 8:2)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="build in N processes (default 0: one per CPU core; 1: in this process)",
     )
     p.set_defaults(func=cmd_compile)
     return parser

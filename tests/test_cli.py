@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -126,8 +127,8 @@ def _fake_aot(monkeypatch, variants):
 
     calls = []
 
-    def compile_variants(arch, head_dims, dtypes, progress, heads=None):
-        calls.append((arch, head_dims, dtypes, progress, heads))
+    def compile_variants(arch, head_dims, dtypes, progress, heads=None, jobs=1):
+        calls.append((arch, head_dims, dtypes, progress, heads, jobs))
         return variants
 
     mod = types.ModuleType("cute_attn.aot")
@@ -141,7 +142,7 @@ def test_compile_empty_list(monkeypatch, capsys):
     calls = _fake_aot(monkeypatch, [])
     assert cli.main(["compile", "--arch", "sm_100a"]) == 0
     assert "nothing to build for sm_100a yet" in capsys.readouterr().out
-    assert calls == [("sm_100a", None, None, True, None)]
+    assert calls == [("sm_100a", None, None, True, None, cli._usable_cpus())]
 
 
 def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):
@@ -150,9 +151,9 @@ def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):
               error=None)  # fmt: skip
     calls = _fake_aot(monkeypatch, [ok])
     assert cli.main(["compile", "--arch", "sm_90a", "--head-dims", "64", "128",
-                     "--dtypes", "bf16", "--heads", "32:8"]) == 0  # fmt: skip
+                     "--dtypes", "bf16", "--heads", "32:8", "--jobs", "3"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert calls == [("sm_90a", [64, 128], ["bf16"], True, [(32, 8)])]
+    assert calls == [("sm_90a", [64, 128], ["bf16"], True, [(32, 8)], 3)]
     line = next(x for x in out.splitlines() if x.startswith("fwd_d128_bf16"))
     assert "3.2" in line and "168" in line and "HGMMA UTMALDG" in line
     assert "missing: USETMAXREG" in line
@@ -163,6 +164,31 @@ def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "FAILED: ptxas: too many resources" in out
     assert "1/2 variants built" in out
+
+
+def test_compile_variants_rows_in_order(monkeypatch):
+    # aot.compile_variants in one process: a row per job in the job list's order, a build's
+    # exception reported in its row (the others still build), a disk hit not re-checked, the
+    # artifact switch restored after (the spawned-worker path runs in CI's compile test)
+    from cute_attn import aot
+
+    def boom():
+        raise RuntimeError("ptxas: too many resources")
+
+    jobs = [("a", "sm90_fwd", lambda: object(), ("HGMMA",)), ("b", "sm90_fwd", boom, ()),
+            ("c", "sm90_aux", lambda: object(), ())]  # fmt: skip
+    seen = []
+    monkeypatch.setattr(aot, "_job_list", lambda spec: (seen.append(spec), jobs)[1])
+    monkeypatch.delenv("CUTE_ATTN_KEEP_ARTIFACTS", raising=False)
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")  # (compile_variants only sets a default)
+    rows = aot.compile_variants("sm_90a", head_dims=[64], dtypes=["bf16"], heads=[(4, 1)])
+    assert seen == [("sm_90a", (64,), ("bf16",), ((4, 1),))]
+    assert [r["name"] for r in rows] == ["a", "b", "c"]
+    assert [r["ok"] for r in rows] == [True, False, True]
+    assert rows[0]["error"] == "loaded from disk cache: SASS not re-checked"
+    assert rows[1]["error"] == "RuntimeError: ptxas: too many resources"
+    assert "CUTE_ATTN_KEEP_ARTIFACTS" not in os.environ
+    assert aot.compile_variants("sm_100a") == []  # no kernels for that arch yet
 
 
 def test_max_abs_diff_treats_matching_infinities_as_equal():

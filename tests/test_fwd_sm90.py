@@ -358,8 +358,10 @@ _COMPILE_SNIPPET = r"""
 import json, os, sys
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import compile_variants
+# one build process per core (CI: 2), as `python -m cute_attn compile` does by default
 rows = compile_variants("sm_90a", head_dims=[int(x) for x in sys.argv[1].split(",")],
-                        dtypes=sys.argv[2].split(","), progress=False)
+                        dtypes=sys.argv[2].split(","), progress=False,
+                        jobs=len(os.sched_getaffinity(0)))
 print(json.dumps(rows))
 """
 
