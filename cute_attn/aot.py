@@ -254,9 +254,10 @@ def compile_variants(
 
 
 def _job_list(spec: tuple) -> list[tuple]:
-    """(name, kind, build thunk, instructions meant) of every variant `spec` = (arch,
+    """(name, kind, compile key, build, instructions meant) of every variant `spec` = (arch,
     head_dims, dtypes, heads) selects (empty tuples: the defaults); the same list, in the same
-    order, in every process that asks."""
+    order, in every process that asks. A few variants share a key (e.g. D=256's plain dense
+    forward and its wide decode tile: the tables give them one config)."""
     arch, head_dims, dtypes, heads = spec
     from .arch.common.features import InputFeatures
     from .bwd_sm90 import build_bwd, bwd_key
@@ -293,21 +294,20 @@ def _job_list(spec: tuple) -> list[tuple]:
         elif inputs.get("split_kv"):
             meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
         build, make_key = builders[kind]
-        jobs.append((name, kind, lambda b=build, m=make_key, p=p, i=inputs: b(m(p, arch, i)),
-                     meant))  # fmt: skip
+        jobs.append((name, kind, make_key(p, arch, inputs), build, meant))
     return jobs + list(_aux_jobs(arch, head_dims, dtypes))
 
 
 def _build_row(job: tuple) -> dict:
     """Build one job; its report row (an exception is reported, not raised: one broken
     variant must not hide the others)."""
-    name, kind, build, meant = job
+    name, kind, key, build, meant = job
     arch = os.environ.get("CUTE_DSL_ARCH")
     row = {"name": name, "kind": kind, "arch": arch, "seconds": None, "registers": None,
            "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
     t0 = time.perf_counter()
     try:
-        fn = build()
+        fn = build(key)
         row["seconds"] = round(time.perf_counter() - t0, 2)
         cubin = getattr(fn, "__cubin__", None)
         if cubin:  # None when it came from the disk cache (no artifacts kept)
@@ -338,44 +338,8 @@ def _report(row: dict, progress: bool) -> dict:
     return row
 
 
-# a spawned worker's job list, built at its first task (thunks do not pickle: each worker
-# rebuilds the list from the spec and runs jobs by index)
-_WORKER_JOBS: dict = {}
-
-
-def _build_in_worker(spec: tuple, index: int) -> dict:
-    if spec not in _WORKER_JOBS:
-        _WORKER_JOBS[spec] = _job_list(spec)
-    return _build_row(_WORKER_JOBS[spec][index])
-
-
-def _build_parallel(spec: tuple, jobs: int, progress: bool) -> list[dict]:
-    import concurrent.futures
-    import multiprocessing
-
-    # (name, kind) of each job, in order; building the list also checks the spec before any
-    # worker starts
-    names = [job[:2] for job in _job_list(spec)]
-    rows: list[dict | None] = [None] * len(names)
-    # spawn, not fork: a forked child of a process that loaded the DSL's MLIR libraries (and
-    # their threads) is not safe; each worker imports the DSL once
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(names)), mp_context=ctx) as pool:
-        futures = {pool.submit(_build_in_worker, spec, i): i for i in range(len(names))}
-        for fut in concurrent.futures.as_completed(futures):
-            i = futures[fut]
-            try:
-                row = fut.result()
-            except Exception as e:  # a worker died (BrokenProcessPool) or could not pickle
-                row = {"name": names[i][0], "kind": names[i][1], "arch": spec[0], "seconds": None,
-                       "registers": None, "spills": None, "instructions": {}, "ok": False,
-                       "error": f"{type(e).__name__}: {e}"[:2000]}  # fmt: skip
-            rows[i] = _report(row, progress)
-    return rows
-
-
 def _aux_jobs(arch, head_dims, dtypes):
-    """(name, kind, build thunk, instructions meant) of the small kernels around the attention
+    """(name, kind, key, build, instructions meant) of the small kernels around the attention
     ones: one split-KV combine per dtype and head_dim_v of the selected head dims, every
     index-check set, and the backward's pre/postprocess per dtype and head-dim pair (dense,
     and packed for each tile_m the backward table uses at that pair)."""
@@ -387,14 +351,14 @@ def _aux_jobs(arch, head_dims, dtypes):
     for dt, dv in itertools.product(dtypes, dvs):
         key = CombineKey(arch, DTYPE_NAMES[dt], dv)
         # butterfly shuffles reduce max and sum over splits; ACQBULK: the PDL wait
-        yield f"sm90_combine dv{dv} {dt}", "sm90_aux", lambda k=key: build_combine(k), (
+        yield f"sm90_combine dv{dv} {dt}", "sm90_aux", key, build_combine, (
             "SHFL.BFLY", "ACQBULK")  # fmt: skip
     fields = [f.name for f in dataclasses.fields(IndexCheckKey) if f.name != "arch"]
     for present in INDEX_CHECK_SETS:
         key = IndexCheckKey(arch, *(present.get(f, False) for f in fields))
         label = "+".join(f for f in fields if getattr(key, f))
         # a warp vote over the page loop, only where there are pages
-        yield f"sm90_index_check {label}", "sm90_aux", lambda k=key: build_index_check(k), (
+        yield f"sm90_index_check {label}", "sm90_aux", key, build_index_check, (
             ("VOTE",) if key.paged else ())  # fmt: skip
     for dt, (d, dv) in itertools.product(dtypes, BWD_HEAD_DIMS):
         if head_dims and d not in head_dims:
@@ -415,5 +379,51 @@ def _aux_jobs(arch, head_dims, dtypes):
             if key.dq_flat:
                 form += " dq_flat " + "x".join(map(str, key.dq_flat))
             # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
-            yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", (
-                lambda k=key: build_bwd_aux(k)), ("LDG.E.128",)  # fmt: skip
+            yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", key, build_bwd_aux, (
+                "LDG.E.128",)  # fmt: skip
+
+
+# a spawned worker's job list, built at its first task: each worker rebuilds the list from
+# the spec (plain values) and runs jobs by index, so no builder needs to pickle
+_WORKER_JOBS: dict = {}
+
+
+def _build_in_worker(spec: tuple, index: int) -> dict:
+    if spec not in _WORKER_JOBS:
+        _WORKER_JOBS[spec] = _job_list(spec)
+    return _build_row(_WORKER_JOBS[spec][index])
+
+
+def _build_parallel(spec: tuple, jobs: int, progress: bool) -> list[dict]:
+    import concurrent.futures
+    import multiprocessing
+
+    job_list = _job_list(spec)  # (also checks the spec before any worker starts)
+    # one build per distinct key, in the first job that names it; the others get its row
+    # under their own names (in one process they would be memory hits of the same object,
+    # but two workers would build one key twice, or the second would load it from disk
+    # without the cubin the SASS checks need)
+    first: dict = {}
+    for i, job in enumerate(job_list):
+        first.setdefault(job[2], i)
+    built: dict[int, dict] = {}
+    # spawn, not fork: a forked child of a process that loaded the DSL's MLIR libraries (and
+    # their threads) is not safe; each worker imports the DSL once
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(first)), mp_context=ctx) as pool:
+        futures = {pool.submit(_build_in_worker, spec, i): i for i in first.values()}
+        for fut in concurrent.futures.as_completed(futures):
+            i = futures[fut]
+            try:
+                row = fut.result()
+            except Exception as e:  # a worker died (BrokenProcessPool) or could not pickle
+                name, kind = job_list[i][:2]
+                row = {"name": name, "kind": kind, "arch": spec[0], "seconds": None,
+                       "registers": None, "spills": None, "instructions": {}, "ok": False,
+                       "error": f"{type(e).__name__}: {e}"[:2000]}  # fmt: skip
+            built[i] = _report(row, progress)
+    rows = []
+    for i, job in enumerate(job_list):
+        j = first[job[2]]
+        rows.append(built[i] if i == j else dict(built[j], name=job[0], kind=job[1]))
+    return rows

@@ -172,11 +172,14 @@ def test_compile_variants_rows_in_order(monkeypatch):
     # artifact switch restored after (the spawned-worker path runs in CI's compile test)
     from cute_attn import aot
 
-    def boom():
-        raise RuntimeError("ptxas: too many resources")
+    def boom(key):
+        raise RuntimeError(f"ptxas: too many resources ({key})")
 
-    jobs = [("a", "sm90_fwd", lambda: object(), ("HGMMA",)), ("b", "sm90_fwd", boom, ()),
-            ("c", "sm90_aux", lambda: object(), ())]  # fmt: skip
+    jobs = [
+        ("a", "sm90_fwd", 1, lambda key: object(), ("HGMMA",)),
+        ("b", "sm90_fwd", 2, boom, ()),
+        ("c", "sm90_aux", 3, lambda key: object(), ()),
+    ]
     seen = []
     monkeypatch.setattr(aot, "_job_list", lambda spec: (seen.append(spec), jobs)[1])
     monkeypatch.delenv("CUTE_ATTN_KEEP_ARTIFACTS", raising=False)
@@ -186,7 +189,7 @@ def test_compile_variants_rows_in_order(monkeypatch):
     assert [r["name"] for r in rows] == ["a", "b", "c"]
     assert [r["ok"] for r in rows] == [True, False, True]
     assert rows[0]["error"] == "loaded from disk cache: SASS not re-checked"
-    assert rows[1]["error"] == "RuntimeError: ptxas: too many resources"
+    assert rows[1]["error"] == "RuntimeError: ptxas: too many resources (2)"
     assert "CUTE_ATTN_KEEP_ARTIFACTS" not in os.environ
     assert aot.compile_variants("sm_100a") == []  # no kernels for that arch yet
 
