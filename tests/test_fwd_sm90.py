@@ -292,7 +292,7 @@ def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
 # heads and batches (odd lengths: a partial last query tile and key tile), 132 one or two.
 # Sq > Sk: under the causal mask the first query rows see no key, so whole tiles have no work
 # (out 0, lse -inf) between tiles that have. Windows: a ramp of paired tiles, then single ones
-# (FlashFwdSm90._persistent_tile), and a left bound alone (single tiles). The outputs start
+# (PersistentUnits.unit_tile), and a left bound alone (single tiles). The outputs start
 # poisoned, so a tile left unwritten shows.
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,sq", [(64, 457), (64, 2200), (96, 300), (128, 457)])

@@ -5,9 +5,9 @@
   exactly once, block-rank-major inside each section of 2^log_width (head, batch) pairs,
   with the pairs of a section consecutive and the last, partial section last; `reverse`
   gives the block of rank r as blocks - 1 - r.
-* The persistent grid (FlashFwdSm90._persistent_tile): its work units, both halves under a
-  mask, name every (query tile, head, batch) exactly once, unmasked, causal and under
-  windows with and without a ramp.
+* The persistent grid (PersistentUnits.unit_tile, arch/sm90/persistent.py): its work units,
+  both halves under a mask, name every (query tile, head, batch) exactly once, unmasked,
+  causal and under windows with and without a ramp.
 """
 
 # no `from __future__ import annotations`: the DSL reads the host function's annotations
@@ -98,7 +98,7 @@ def test_l2_sections_visit_every_tile_rank_major(grid, reverse):
 @functools.cache
 def _persistent_fn(has_left: bool, has_right: bool):
     """Every work unit of a persistent forward grid, as the kernel walks them
-    (FlashFwdSm90._walk_units): (m_block, head, batch, valid) per (unit, half)."""
+    (PersistentUnits.walk): (m_block, head, batch, valid) per (unit, half)."""
     sm90_dsl()
     import cutlass
     import cutlass.cute as cute
@@ -121,10 +121,10 @@ def _persistent_fn(has_left: bool, has_right: bool):
         window_right: Int32,
     ):
         num_m_blocks = cute.ceil_div(seqlen_q, kernel.tile_m)
-        ramp = kernel._persistent_ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
-        num_units = kernel._units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
+        ramp = kernel.units.ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
+        num_units = kernel.units.units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
         for j in cutlass.range(2 * num_units, unroll=1):
-            m_block, head, seq, _, _, _, valid = kernel._persistent_tile(
+            m_block, head, seq, _, _, _, valid = kernel.units.unit_tile(
                 j >> 1, j & 1, seqlen_q, seqlen_k, num_heads, num_batch, window_left,
                 window_right,
             )  # fmt: skip

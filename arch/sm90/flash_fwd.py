@@ -68,6 +68,7 @@ from ..common.mask import TileMask, apply_softcap
 from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, ragged_rows
 from ..common.softmax import LN2, LOG2E, OnlineSoftmax
+from .persistent import PersistentUnits
 from .primitives import (
     arrive_after,
     dsmem_address,
@@ -184,7 +185,7 @@ class FlashFwdSm90:
         # ping-pong: the consumer warpgroups take turns round-robin (the table decides when)
         self.use_pingpong = cfg.pingpong and cfg.num_mma_warpgroups >= 2
         # a persistent grid (FwdTileConfig.persistent_ctas) walks the tiles of dense inputs in a
-        # static stride (under a mask in pairs of complementary work, `_persistent_tile`)
+        # static stride (under a mask in pairs of complementary work: persistent.PersistentUnits)
         self.persistent = cfg.persistent_ctas > 0
         # L2 sections reorder a one-CTA-per-tile grid of dense inputs, or with
         # l2_sections_packed of packed sequences (q and k / v by cu_seqlens, unsplit, in launch
@@ -201,6 +202,9 @@ class FlashFwdSm90:
             and (feats == InputFeatures() or packed) and not self.persistent
         )  # fmt: skip
         self.masked = self.has_left or self.has_right
+        self.units = PersistentUnits(
+            self.tile_m, self.tile_n, self.has_left, self.has_right, feats, cfg.mask_bits
+        )
         # packed, unpaged k / v and caches whose batch rows lie back to back: V loads through
         # a ragged view (FwdTileConfig.ragged_v_loads) fill the rows past a sequence's keys
         # with zeros; else they are zeroed in smem where they may hold anything
@@ -351,8 +355,8 @@ class FlashFwdSm90:
             num_batch = mCuSeqlensQ.shape[0] - 1
         grid = (num_m_blocks, cute.size(mQ.shape[2]), num_batch * num_splits)
         if cutlass.const_expr(self.persistent):
-            ramp = self._persistent_ramp(num_m_blocks, mQ.shape[0], mK.shape[0], window_left)
-            per_pair = self._units_per_pair(num_m_blocks, ramp)
+            ramp = self.units.ramp(num_m_blocks, mQ.shape[0], mK.shape[0], window_left)
+            per_pair = self.units.units_per_pair(num_m_blocks, ramp)
             num_units = per_pair * cute.size(mQ.shape[2]) * num_batch
             grid = (cutlass.min(num_units, self.config.persistent_ctas), 1, 1)
         sections = None
@@ -678,7 +682,7 @@ class FlashFwdSm90:
             )  # fmt: skip
 
         tile_args = (seqlen_q, mK.shape[0], num_heads, num_batch, window_left, window_right)
-        q_state, kv_state = self._walk_units(tile_args, q_state, kv_state, tile)
+        q_state, kv_state = self.units.walk(tile_args, q_state, kv_state, tile)
         self._producer_tail(pipe_k, pipe_v, kv_state)
 
     @cute.jit
@@ -936,7 +940,7 @@ class FlashFwdSm90:
             )  # fmt: skip
 
         tile_args = (seqlen_q, seqlen_k, num_heads, num_batch, window_left, window_right)
-        q_state, kv_state = self._walk_units(tile_args, q_state, kv_state, tile)
+        q_state, kv_state = self.units.walk(tile_args, q_state, kv_state, tile)
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.roles.store_warp:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -1286,138 +1290,6 @@ class FlashFwdSm90:
             pipeline.make_pipeline_state(user, 1),
             pipeline.make_pipeline_state(user, self.num_stages),
         )
-
-    @cute.jit
-    def _walk_units(self, tile_args: tuple, q_state, kv_state, tile):
-        """This CTA's work units of a persistent grid in order (`_persistent_range`,
-        `_persistent_tile`), calling `tile(m_block, head, seq, mask, n_min, n_max, q_state,
-        kv_state) -> (q_state, kv_state)` for each tile: the producer's and the consumers'
-        shared walk, so both see the same tiles in the same order."""
-        seqlen_q, seqlen_k, num_heads, num_batch, window_left, _ = tile_args
-        num_units, first, stride = self._persistent_range(
-            seqlen_q, seqlen_k, num_heads, num_batch, window_left
-        )
-        if cutlass.const_expr(self.masked):
-            # each unit is two tiles (the second may not exist): 2 x this CTA's units
-            for j in cutlass.range(2 * cute.ceil_div(num_units - first, stride), unroll=1):
-                unit, half = first + (j >> 1) * stride, j & 1
-                m_block, head, seq, mask, n_min, n_max, valid = self._persistent_tile(
-                    unit, half, *tile_args
-                )
-                if valid:
-                    q_state, kv_state = tile(
-                        m_block, head, seq, mask, n_min, n_max, q_state, kv_state
-                    )
-        else:
-            # its own stride loop: one loop over 2^k tiles a unit for both (k = 0 here) gives
-            # the same causal PTX but a different loop in this one, whose PTX is the measured
-            # kernel's (docs/perf/README.md, sixteenth session)
-            for unit in cutlass.range(first, num_units, stride, unroll=1):
-                m_block, head, seq, mask, n_min, n_max, _ = self._persistent_tile(
-                    unit, 0, *tile_args
-                )
-                q_state, kv_state = tile(m_block, head, seq, mask, n_min, n_max, q_state, kv_state)
-        return q_state, kv_state
-
-    def _persistent_ramp(
-        self, num_m_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left: Int32
-    ):
-        """Under a right bound, the first query tiles, whose key range starts at key tile 0
-        (no left bound cuts it) and grows tile by tile: every tile without a left bound, else
-        those with m * tile_m + (seqlen_k - seqlen_q) - window_left < tile_n
-        (TileMask.n_block_range). Without a right bound those tiles all see every key: no
-        ramp."""
-        if cutlass.const_expr(not self.has_right):
-            return 0
-        if cutlass.const_expr(not self.has_left):
-            return num_m_blocks
-        edge = window_left + self.tile_n - (seqlen_k - seqlen_q)
-        return cutlass.min(cute.ceil_div(cutlass.max(edge, 0), self.tile_m), num_m_blocks)
-
-    def _units_per_pair(self, num_m_blocks, ramp):
-        """Work units of one (head, batch) of a persistent grid: one per query tile without a
-        mask; under a mask one per pair of complementary ramp tiles (`_persistent_ramp`), then
-        one per tile after the ramp (`_persistent_tile`)."""
-        if cutlass.const_expr(not self.masked):
-            return num_m_blocks
-        if cutlass.const_expr(not self.has_left):
-            return (num_m_blocks + 1) // 2  # the ramp is every tile
-        return (ramp + 1) // 2 + num_m_blocks - ramp
-
-    @cute.jit
-    def _persistent_range(
-        self,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        num_heads: Int32,
-        num_batch: Int32,
-        window_left: Int32,
-    ):
-        """(unit count, this CTA's first unit, stride) of a persistent grid."""
-        num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        ramp = self._persistent_ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
-        num_units = self._units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
-        return num_units, cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
-
-    @cute.jit
-    def _persistent_tile(
-        self,
-        unit: Int32,
-        half: Int32,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        num_heads: Int32,
-        num_batch: Int32,
-        window_left: Int32,
-        window_right: Int32,
-    ):
-        """(m_block, head, seq, mask, n_min, n_max, valid) of a persistent grid's work unit
-        over dense inputs, its query tiles fastest, then heads, then batches (the CTAs running
-        together share a head's K and V). Without a mask a unit is one tile (`half` unused,
-        always valid).
-
-        Under a mask the ramp (`_persistent_ramp`: the first R query tiles, whose key ranges
-        start at key tile 0 and end further right tile by tile) goes in units of two tiles,
-        the ramp's last tile but u (half 0) and its tile u (half 1; not `valid` where it is
-        the same tile, the middle one of an odd ramp). Their key tiles sum to the same count
-        for every u (with Sq <= Sk, up to a tile of rounding). Under a window the tiles after
-        the ramp are one unit each (half 1 not `valid`): both ends of their key ranges move
-        with the tile, so each is about the work of a ramp pair. A static stride over units
-        then spreads equal work. Over single tiles a CTA could draw the longest tile of every
-        pass: -35% at 4k causal D=128 in a first try that ordered tiles longest first in
-        passes of alternating direction; pairs over all of a window's tiles lost 10% at 16k
-        with a 4k window (docs/perf/README.md). Tiles whose key range the right bound clips
-        at seqlen_k (a window reaching right of the diagonal) are lighter; not paired."""
-        num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        ramp = self._persistent_ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
-        per_pair = self._units_per_pair(num_m_blocks, ramp)
-        m_block = unit % per_pair
-        rest = unit // per_pair
-        head = rest % num_heads
-        valid = True
-        if cutlass.const_expr(self.masked):
-            mirror = ramp - 1 - m_block
-            if cutlass.const_expr(self.has_left):
-                ramp_units = (ramp + 1) // 2
-                in_ramp = m_block < ramp_units
-                valid = (half == 0) | (in_ramp & (mirror != m_block))
-                m_block = cutlass.select_(
-                    in_ramp,
-                    cutlass.select_(half == 0, mirror, m_block),
-                    m_block - ramp_units + ramp,
-                )
-            else:
-                valid = (half == 0) | (mirror != m_block)
-                m_block = cutlass.select_(half == 0, mirror, m_block)
-        seq = SeqInfo.create(
-            self.features, rest // num_heads, seqlen_q, seqlen_k, None, None, None, None, None
-        )
-        mask = TileMask(
-            self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, window_left, window_right,
-            self.has_left, self.has_right, self.config.mask_bits,
-        )  # fmt: skip
-        n_min, n_max = mask.n_block_range(m_block)
-        return m_block, head, seq, mask, n_min, n_max, valid
 
     @cute.jit
     def _zero_v_tail(

@@ -84,7 +84,7 @@ class FwdTileConfig:
     # producer loads the next tile's Q and K / V while the consumers finish the current one,
     # and O gets an smem buffer of its own so that its store overlaps the next tile. Dense
     # inputs only; under a mask CTA c takes pairs of query tiles whose key ranges are
-    # complementary (FlashFwdSm90._persistent_tile): equal work under the causal mask, not
+    # complementary (PersistentUnits.unit_tile): equal work under the causal mask, not
     # under a window (which the table leaves on one CTA per tile)
     persistent_ctas: int = 0
     # packed k / v (cu_seqlens_k, not paged): V's TMA loads go through a view whose key extent
@@ -220,7 +220,7 @@ def fwd_persistent(
     (8k measured at D=128 only).
 
     A right bound only: the causal corner, or a window reaching right of it (units of two
-    complementary query tiles, FlashFwdSm90._persistent_tile). Round-robin, TFLOP/s, one CTA per
+    complementary query tiles, PersistentUnits.unit_tile). Round-robin, TFLOP/s, one CTA per
     tile / persistent (tune_fwd_pcausal2_*_h200.json, causal): D=128 1k 425 / 493, 2k 501 /
     553, 4k 560 / 587, 8k 610 / 616, 16k 642 / 634; D=96 4k 501 / 515; D=64 (264 CTAs) 1k 318 /
     345, 2k 383 / 393, 4k 432 / 429, 8k 455 / 444; D=64 16k (the 192-row tile, 132 CTAs) 508 /
