@@ -532,7 +532,7 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     if not p.pack_gqa and not fwd_pack_gqa(seqlen_q, group):
         return False
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
-    if p.pack_gqa and fwd_pack_gqa_asked(tile_m, group):
+    if p.pack_gqa and fwd_pack_gqa_asked(seqlen_q, tile_m, group):
         return True
     return fwd_pack_gqa(seqlen_q, group) and packed_tile_rows(tile_m, group) is not None
 

@@ -732,9 +732,10 @@ def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw, heads):
 @pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), False)])
 def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
     # pack_gqa=True with the table's rule as it is (off): speculative rows over a KV cache
-    # and a dense causal prefill pack where the kernel's packed tiles have run on the GPU
-    # (tile_config.fwd_pack_gqa_asked: G = 4 and 8), not yet where they pad (G = 7);
-    # dispatch's reason says which, and both match the reference
+    # and through the dense entry pack where packing was timed (Sq <= 8) and the kernel's
+    # packed tiles have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8), not
+    # yet where they pad (G = 7), nor for a prefill's 300 rows; dispatch's reason says
+    # which, and every call matches the reference
     from cute_attn.arch.sm90 import tile_config
 
     from gpu_cases import attn_inputs
@@ -752,15 +753,16 @@ def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
         assert _feature_flags(keys, "pack_gqa") == [packed], keys
         ref, ref_lse, same = _cache_ref(q, kc, vc, range(b), lens, causal=True)
         assert_matches(out, lse, ref, ref_lse, same)
-        keys.clear()
-        q, k, v = attn_inputs(2, 300, 500, h, hkv, d, d, torch.bfloat16, seed=h)
-        out, lse = flash_attn_func(q, k, v, causal=True, pack_gqa=True)
-        got = cute_attn.last_dispatch()
-        assert got.impl == "sm90_fwd" and (note in got.reason) is packed, got
-        assert _feature_flags(keys, "pack_gqa") == [packed], keys
-        ref, ref_lse = attention_ref(q, k, v, causal=True, compute_dtype=torch.float32)
-        same, _ = attention_ref(q, k, v, causal=True, compute_dtype=None)
-        assert_matches(out, lse, ref, ref_lse, same)
+        for sq, want in ((6, packed), (300, False)):
+            keys.clear()
+            q, k, v = attn_inputs(2, sq, 500, h, hkv, d, d, torch.bfloat16, seed=h + sq)
+            out, lse = flash_attn_func(q, k, v, causal=True, pack_gqa=True)
+            got = cute_attn.last_dispatch()
+            assert got.impl == "sm90_fwd" and (note in got.reason) is want, (sq, got)
+            assert _feature_flags(keys, "pack_gqa") == [want], (sq, keys)
+            ref, ref_lse = attention_ref(q, k, v, causal=True, compute_dtype=torch.float32)
+            same, _ = attention_ref(q, k, v, causal=True, compute_dtype=None)
+            assert_matches(out, lse, ref, ref_lse, same)
 
 
 @pytest.mark.gpu

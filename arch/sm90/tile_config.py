@@ -677,14 +677,24 @@ def packed_tile_rows(tile_m: int, group: int) -> int | None:
     return tile_m if group % tile_m == 0 else None
 
 
-def fwd_pack_gqa_asked(tile_m: int, group: int) -> bool:
+# the most query rows (a sequence's) at which packed GQA rows have been timed: Sq 1-8 over a
+# KV cache and packed sequences (pack_gqa_ab_h200.json, forty-first session)
+PACK_GQA_TIMED_SEQLEN_Q = 8
+
+
+def fwd_pack_gqa_asked(seqlen_q: int, tile_m: int, group: int) -> bool:
     """Whether a call that passes pack_gqa=True packs its query heads into the tile's rows
-    inside the kernel whatever fwd_pack_gqa says (for any Sq, as FA4's flag does): where the
-    kernel's packed tiles of `tile_m` rows have passed their GPU tests. Whole tiles (G divides
-    tile_m, or is a multiple of it): 60 of 61 tests forced on passed on the H200, the 61st a
-    test bug (gpu_tests_inference_s41_h200.log, forty-first session), and they ran 2.4-3.5x
-    faster than unpacked launches at Sq <= 8 (pack_gqa_ab_h200.json). Padded tiles (G = 3, 5,
-    6, 7 on 64 rows; forty-second session) are built and CPU-tested only: not yet."""
+    inside the kernel whatever fwd_pack_gqa says: where packing was timed and its tiles of
+    `tile_m` rows have passed their GPU tests. Timed: up to PACK_GQA_TIMED_SEQLEN_Q query rows,
+    2.4-3.5x faster than unpacked launches on all nine rows (pack_gqa_ab_h200.json); longer
+    runs pack on the 64-row decode tile of one consumer warpgroup, not timed against the
+    prefill tiles (FA4 packs at any Sq on its own tile), so they stay unpacked. Tested: whole
+    tiles (G divides tile_m, or is a multiple of it), 60 of 61 tests forced on passed on the
+    H200 and the 61st was a test bug (gpu_tests_inference_s41_h200.log, forty-first session);
+    padded tiles (G = 3, 5, 6, 7 on 64 rows; forty-second session) are built and CPU-tested
+    only: not yet."""
+    if seqlen_q > PACK_GQA_TIMED_SEQLEN_Q:
+        return False
     return packed_tile_rows(tile_m, group) == tile_m
 
 
