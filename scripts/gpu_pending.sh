@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU work the sessions without a lent machine left, in order, for one call on the next
+# machine (after the GPU bundle is unpacked and cute_attn installed there). Each step has its
+# own time limit (500 s in all: the call that unpacks the bundle has 600 s), so a slow one
+# cannot starve the rest; full logs and JSON go under $OUT, the tails come last on stdout.
+#   bash scripts/gpu_pending.sh [step ...]     (default: every step, in order)
+# steps:
+#   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the fixed window mode)
+#   pack_ab     packed vs unpacked rows that bound the rule's Sq, and padded-group rows
+#   tail_ab     the KV-cache tail A/B (decides tile_config.fwd_ragged_cache)
+# What the results decide is in docs/perf/README.md ("Reproduce", the pending block).
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(pack_tests pack_ab tail_ab)
+python3 -m cute_attn info > "$OUT/info.txt" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+    >> "$OUT/info.txt" 2>&1
+declare -A rcs
+for step in "${steps[@]}"; do
+  case "$step" in
+    pack_tests)
+      timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_inference_sm90.py \
+          -k pack_gqa > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
+    pack_ab)
+      timeout 170 python3 scripts/pack_gqa_ab.py --rounds 20 --rows b8-8k-q4 b8-8k-q16 \
+          b8-8k-q32 b8-8k-q64 b8-8k-q128 b8-8k-q256 dense-b8-1k dense-b2-4k g7-b8-8k-q4 \
+          g5-b8-8k-q4 g7-varlen-b64-2k-q4 --out "$OUT/pack_gqa_ab_rows_h200.json" \
+          > "$OUT/pack_gqa_ab_rows.log" 2>&1 ;;
+    tail_ab)
+      timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_h200.json" \
+          > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
+    *) echo "unknown step: $step"; exit 2 ;;
+  esac
+  rcs[$step]=$?
+done
+head -3 "$OUT/info.txt"
+for step in "${steps[@]}"; do
+  echo "== $step rc=${rcs[$step]}"
+  case "$step" in
+    pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
+    pack_ab) tail -25 "$OUT/pack_gqa_ab_rows.log" ;;
+    tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
+  esac
+done
