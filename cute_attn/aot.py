@@ -294,8 +294,19 @@ def _job_list(spec: tuple) -> list[tuple]:
         elif inputs.get("split_kv"):
             meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
         build, make_key = builders[kind]
-        jobs.append((name, kind, make_key(p, arch, inputs), build, meant))
+        try:
+            key = make_key(p, arch, inputs)
+        except Exception as e:  # reported in this variant's row; the others still build
+            key, build = ("no key", name), _raiser(e)
+        jobs.append((name, kind, key, build, meant))
     return jobs + list(_aux_jobs(arch, head_dims, dtypes))
+
+
+def _raiser(error: Exception):
+    def build(key):
+        raise error
+
+    return build
 
 
 def _build_row(job: tuple) -> dict:

@@ -194,6 +194,31 @@ def test_compile_variants_rows_in_order(monkeypatch):
     assert aot.compile_variants("sm_100a") == []  # no kernels for that arch yet
 
 
+def test_compile_variants_key_error_stays_in_its_row(monkeypatch):
+    # the real job list (D=64, bf16) with every builder stubbed: a variant whose compile key
+    # cannot be made fails in its own row, and every other variant still builds
+    from cute_attn import aot, bwd_sm90, fwd_sm90
+
+    real_key = fwd_sm90.fwd_key
+
+    def fwd_key(p, arch, features, **kw):
+        if features.split_cluster:
+            raise ValueError("no cluster here")
+        return real_key(p, arch, features, **kw)
+
+    monkeypatch.setattr(fwd_sm90, "fwd_key", fwd_key)
+    for mod, name in ((fwd_sm90, "build_fwd"), (fwd_sm90, "build_combine"),
+                      (fwd_sm90, "build_index_check"), (bwd_sm90, "build_bwd"),
+                      (bwd_sm90, "build_bwd_aux")):  # fmt: skip
+        monkeypatch.setattr(mod, name, lambda key: object())
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    rows = aot.compile_variants("sm_90a", head_dims=[64], dtypes=["bf16"])
+    failed = [r for r in rows if not r["ok"]]
+    assert failed and all("cluster" in r["name"] for r in failed), failed
+    assert all(r["error"] == "ValueError: no cluster here" for r in failed), failed
+    assert len(rows) - len(failed) > 40, len(rows)
+
+
 def test_max_abs_diff_treats_matching_infinities_as_equal():
     ninf = float("-inf")
     a = torch.tensor([1.0, ninf, 2.0])
