@@ -575,10 +575,19 @@ def cmd_bench(args) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _usable_cpus() -> int:
+def _default_jobs() -> int:
+    """Build processes for `compile`: one per usable core, but no more than one per 2 GB of
+    memory (a process held 0.57 GB after 57 builds on the CPU machine, its memory cache
+    growing with each build) and at most 32."""
     if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (Linux)
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+        cpus = len(os.sched_getaffinity(0))
+    else:
+        cpus = os.cpu_count() or 1
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): cores alone
+        mem_gb = 2.0 * cpus
+    return max(1, min(cpus, int(mem_gb // 2), 32))
 
 
 def cmd_compile(args) -> int:
@@ -587,8 +596,7 @@ def cmd_compile(args) -> int:
     heads = [tuple(int(x) for x in h.split(":")) for h in args.heads] if args.heads else None
     if args.jobs < 0:
         raise SystemExit(f"--jobs: expected N >= 0, got {args.jobs}")
-    # a build is one core's work (about 0.6 GB of memory a process on the CPU machine)
-    jobs = args.jobs or _usable_cpus()
+    jobs = args.jobs or _default_jobs()
     variants = aot.compile_variants(
         args.arch, args.head_dims, args.dtypes, progress=True, heads=heads, jobs=jobs
     )
@@ -711,7 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="build in N processes (default 0: one per CPU core; 1: in this process)",
+        help="build in N processes (default 0: one per core, at most one per 2 GB of memory "
+        "and 32; 1: in this process)",
     )
     p.set_defaults(func=cmd_compile)
     return parser

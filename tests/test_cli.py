@@ -142,7 +142,7 @@ def test_compile_empty_list(monkeypatch, capsys):
     calls = _fake_aot(monkeypatch, [])
     assert cli.main(["compile", "--arch", "sm_100a"]) == 0
     assert "nothing to build for sm_100a yet" in capsys.readouterr().out
-    assert calls == [("sm_100a", None, None, True, None, cli._usable_cpus())]
+    assert calls == [("sm_100a", None, None, True, None, cli._default_jobs())]
 
 
 def test_compile_reports_variants_and_fails_on_error(monkeypatch, capsys):

@@ -359,6 +359,7 @@ import json, os, sys
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import compile_variants
 # one build process per core (CI: 2), as `python -m cute_attn compile` does by default
+# where memory allows
 rows = compile_variants("sm_90a", head_dims=[int(x) for x in sys.argv[1].split(",")],
                         dtypes=sys.argv[2].split(","), progress=False,
                         jobs=len(os.sched_getaffinity(0)))
