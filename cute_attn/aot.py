@@ -313,9 +313,7 @@ def _build_row(job: tuple) -> dict:
     """Build one job; its report row (an exception is reported, not raised: one broken
     variant must not hide the others)."""
     name, kind, key, build, meant = job
-    arch = os.environ.get("CUTE_DSL_ARCH")
-    row = {"name": name, "kind": kind, "arch": arch, "seconds": None, "registers": None,
-           "spills": None, "instructions": {}, "ok": False, "error": None}  # fmt: skip
+    row = _row(name, kind, os.environ.get("CUTE_DSL_ARCH"))
     t0 = time.perf_counter()
     try:
         fn = build(key)
@@ -337,6 +335,12 @@ def _build_row(job: tuple) -> dict:
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:2000]
     return row
+
+
+def _row(name: str, kind: str, arch: str | None, error: str | None = None) -> dict:
+    """A variant's report row before (or without) its build."""
+    return {"name": name, "kind": kind, "arch": arch, "seconds": None, "registers": None,
+            "spills": None, "instructions": {}, "ok": False, "error": error}  # fmt: skip
 
 
 def _report(row: dict, progress: bool) -> dict:
@@ -428,10 +432,7 @@ def _build_parallel(spec: tuple, jobs: int, progress: bool) -> list[dict]:
             try:
                 row = fut.result()
             except Exception as e:  # a worker died (BrokenProcessPool) or could not pickle
-                name, kind = job_list[i][:2]
-                row = {"name": name, "kind": kind, "arch": spec[0], "seconds": None,
-                       "registers": None, "spills": None, "instructions": {}, "ok": False,
-                       "error": f"{type(e).__name__}: {e}"[:2000]}  # fmt: skip
+                row = _row(*job_list[i][:2], spec[0], f"{type(e).__name__}: {e}"[:2000])
             built[i] = _report(row, progress)
     rows = []
     for i, job in enumerate(job_list):
