@@ -27,64 +27,24 @@ from cute_attn.inference import apply_rotary
 from cute_attn.reference import attention_ref
 
 from gpu_cases import SWEEP_MODES, assert_matches, forced_host_rule, mode_kwargs
-
-LENS_Q = [0, 1, 113, 5, 239, 300, 2]
-LENS_K = [3, 1, 203, 0, 1, 457, 5]
-
-
-def _gen(seed):
-    return torch.Generator(device="cuda").manual_seed(seed)
-
-
-def _packed(lens, h, d, dtype, g):
-    return torch.randn(sum(lens), h, d, device="cuda", dtype=dtype, generator=g)
-
-
-def _cu(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                        device="cuda")  # fmt: skip
-
-
-def _refs(problems, **kw):
-    """(ref32, lse32, same) of each dense (q, k, v) problem, batch dim kept: the package's
-    reference in fp32 and in the input dtype (the FlashAttention rule's baseline)."""
-    out = []
-    for qs, ks, vs in problems:
-        r, lse = attention_ref(qs, ks, vs, compute_dtype=torch.float32, **kw)
-        s, _ = attention_ref(qs, ks, vs, compute_dtype=None, **kw)
-        out.append((r, lse, s))
-    return out
-
-
-def _per_sequence_ref(q, k, v, lens_q, lens_k, **kw):
-    """(ref32, lse32, same) for packed q / k / v, each sequence its own dense problem."""
-    cq, ck = _cu(lens_q).tolist(), _cu(lens_k).tolist()
-    problems = [(q[cq[i] : cq[i + 1]][None], k[ck[i] : ck[i + 1]][None], v[ck[i] : ck[i + 1]][None])
-                for i in range(len(lens_q))]  # fmt: skip
-    refs = _refs(problems, **kw)
-    return (torch.cat([r[0] for r, _, _ in refs]), torch.cat([lse[0] for _, lse, _ in refs], 1),
-            torch.cat([s[0] for _, _, s in refs]))  # fmt: skip
-
-
-def _varlen(q, k, v, lens_q, lens_k, **kw):
-    out, lse = flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), max_seqlen_q=max(lens_q),
-        max_seqlen_k=max(lens_k), **kw,
-    )  # fmt: skip
-    d = cute_attn.last_dispatch()
-    assert (d.impl, d.entry) == ("sm90_fwd", "flash_attn_varlen_func"), d
-    return out, lse
-
-
-def _check_varlen(h, hkv, d, dtype, mode_kw, num_splits=0, lens_q=LENS_Q, lens_k=LENS_K, seed=0):
-    g = _gen(seed)
-    q, k = _packed(lens_q, h, d, dtype, g), _packed(lens_k, hkv, d, dtype, g)
-    v = _packed(lens_k, hkv, d, dtype, g)
-    out, lse = _varlen(q, k, v, lens_q, lens_k, num_splits=num_splits, **mode_kw)
-    ref, ref_lse, same = _per_sequence_ref(q, k, v, lens_q, lens_k, **mode_kw)
-    assert out.shape == (sum(lens_q), h, d) and lse.shape == (h, sum(lens_q))
-    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
-    return q, k, v, out, lse
+from inference_cases import (
+    LENS_K,
+    LENS_Q,
+    cache_case,
+    cache_ref,
+    check_route,
+    check_seqused_q,
+    check_varlen,
+    cu_lens,
+    cuda_gen,
+    dense_refs,
+    dense_rows,
+    feature_flags,
+    packed_rows,
+    paged_cache,
+    per_sequence_ref,
+    run_varlen,
+)
 
 
 @pytest.mark.gpu
@@ -92,14 +52,14 @@ def _check_varlen(h, hkv, d, dtype, mode_kw, num_splits=0, lens_q=LENS_Q, lens_k
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", SWEEP_MODES)
 def test_varlen_sweep(mode, d, num_splits):
-    _check_varlen(6, 2, d, torch.bfloat16, mode_kwargs(mode), num_splits)
+    check_varlen(6, 2, d, torch.bfloat16, mode_kwargs(mode), num_splits)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("h,hkv", [(6, 6), (6, 3), (6, 1)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_varlen_gqa(h, hkv, dtype):
-    _check_varlen(h, hkv, 128, dtype, {"causal": True, "window_size": (64, None)})
+    check_varlen(h, hkv, 128, dtype, {"causal": True, "window_size": (64, None)})
 
 
 # past D = 128 a sliding window takes tiles of its own (split loops and the keep-bit mask at
@@ -116,12 +76,15 @@ LARGE_DIM_MODES = {
 @pytest.mark.parametrize("mode", list(LARGE_DIM_MODES))
 @pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (192, 192), (256, 256)])
 def test_varlen_other_head_dims(d, dv, mode):
-    g = _gen(1)
-    q, k = _packed(LENS_Q, 4, d, torch.bfloat16, g), _packed(LENS_K, 2, d, torch.bfloat16, g)
-    v = _packed(LENS_K, 2, dv, torch.bfloat16, g)
+    g = cuda_gen(1)
+    q, k = (
+        packed_rows(LENS_Q, 4, d, torch.bfloat16, g),
+        packed_rows(LENS_K, 2, d, torch.bfloat16, g),
+    )
+    v = packed_rows(LENS_K, 2, dv, torch.bfloat16, g)
     kw = LARGE_DIM_MODES[mode]
-    out, lse = _varlen(q, k, v, LENS_Q, LENS_K, **kw)
-    ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **kw)
+    out, lse = run_varlen(q, k, v, LENS_Q, LENS_K, **kw)
+    ref, ref_lse, same = per_sequence_ref(q, k, v, LENS_Q, LENS_K, **kw)
     assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
@@ -130,15 +93,15 @@ def test_varlen_other_head_dims(d, dv, mode):
 def test_varlen_no_leak_between_sequences(num_splits):
     # perturbing sequence i leaves every other sequence's output bitwise unchanged
     lens_q, lens_k = [130, 7, 200, 64], [140, 300, 9, 64]
-    q, k, v, out, lse = _check_varlen(4, 2, 128, torch.bfloat16, {"causal": True}, num_splits,
+    q, k, v, out, lse = check_varlen(4, 2, 128, torch.bfloat16, {"causal": True}, num_splits,
                                       lens_q, lens_k)  # fmt: skip
-    cq, ck = _cu(lens_q).tolist(), _cu(lens_k).tolist()
+    cq, ck = cu_lens(lens_q).tolist(), cu_lens(lens_k).tolist()
     for i in range(len(lens_q)):
         q2, k2, v2 = q.clone(), k.clone(), v.clone()
         q2[cq[i] : cq[i + 1]] *= -1.5
         k2[ck[i] : ck[i + 1]] += 1.0
         v2[ck[i] : ck[i + 1]] = float("nan")  # would poison any row that read it
-        out2, lse2 = _varlen(q2, k2, v2, lens_q, lens_k, causal=True, num_splits=num_splits)
+        out2, lse2 = run_varlen(q2, k2, v2, lens_q, lens_k, causal=True, num_splits=num_splits)
         keep = torch.ones(sum(lens_q), dtype=torch.bool, device="cuda")
         keep[cq[i] : cq[i + 1]] = False
         assert torch.equal(out2[keep], out[keep]), f"sequence {i} leaked into others"
@@ -150,10 +113,13 @@ def test_varlen_poisoned_outputs_fully_written():
     # out and lse over 1 MiB each: they come from the caching allocator's large pool, where the
     # small temporaries of validation cannot take the poisoned blocks first
     lens_q, lens_k = [0, 40001, 1, 29998], [5, 200, 0, 64]
-    g = _gen(3)
-    q = _packed(lens_q, 4, 128, torch.bfloat16, g)
-    k, v = _packed(lens_k, 2, 128, torch.bfloat16, g), _packed(lens_k, 2, 128, torch.bfloat16, g)
-    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    g = cuda_gen(3)
+    q = packed_rows(lens_q, 4, 128, torch.bfloat16, g)
+    k, v = (
+        packed_rows(lens_k, 2, 128, torch.bfloat16, g),
+        packed_rows(lens_k, 2, 128, torch.bfloat16, g),
+    )
+    cu_q, cu_k = cu_lens(lens_q), cu_lens(lens_k)
     junk_o = torch.full((1, sum(lens_q), 4, 128), float("nan"), device="cuda", dtype=q.dtype)
     junk_l = torch.full((1, 4, sum(lens_q)), float("nan"), device="cuda")
     ptrs = {junk_o.data_ptr(), junk_l.data_ptr()}
@@ -162,30 +128,33 @@ def test_varlen_poisoned_outputs_fully_written():
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40001, max_seqlen_k=200
     )
     assert {out.data_ptr(), lse.data_ptr()} == ptrs, "poisoned blocks were not reused"
-    ref, ref_lse, same = _per_sequence_ref(q, k, v, lens_q, lens_k)
+    ref, ref_lse, same = per_sequence_ref(q, k, v, lens_q, lens_k)
     assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 @pytest.mark.gpu
 def test_varlen_seqused_k_ignores_poisoned_tail():
     lens_q, lens_k, used = [3, 50, 1], [40, 300, 129], [17, 300, 128]
-    g = _gen(4)
-    q = _packed(lens_q, 4, 64, torch.bfloat16, g)
-    k, v = _packed(lens_k, 1, 64, torch.bfloat16, g), _packed(lens_k, 1, 64, torch.bfloat16, g)
-    ck = _cu(lens_k).tolist()
+    g = cuda_gen(4)
+    q = packed_rows(lens_q, 4, 64, torch.bfloat16, g)
+    k, v = (
+        packed_rows(lens_k, 1, 64, torch.bfloat16, g),
+        packed_rows(lens_k, 1, 64, torch.bfloat16, g),
+    )
+    ck = cu_lens(lens_k).tolist()
     for i, u in enumerate(used):  # rows past seqused_k hold NaN / Inf
         k[ck[i] + u : ck[i + 1]] = float("inf")
         v[ck[i] + u : ck[i + 1]] = float("nan")
     seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
     for splits in (1, 3):
         out, lse = flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), max_seqlen_q=50,
+            q, k, v, cu_seqlens_q=cu_lens(lens_q), cu_seqlens_k=cu_lens(lens_k), max_seqlen_q=50,
             max_seqlen_k=300, seqused_k=seqused, causal=True, num_splits=splits,
         )  # fmt: skip
         assert cute_attn.last_dispatch().impl == "sm90_fwd"
         kk = torch.cat([k[ck[i] : ck[i] + u] for i, u in enumerate(used)])
         vv = torch.cat([v[ck[i] : ck[i] + u] for i, u in enumerate(used)])
-        ref, ref_lse, same = _per_sequence_ref(q, kk, vv, lens_q, used, causal=True)
+        ref, ref_lse, same = per_sequence_ref(q, kk, vv, lens_q, used, causal=True)
         assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
@@ -193,33 +162,7 @@ def test_varlen_seqused_k_ignores_poisoned_tail():
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("with_seqused_k", [False, True])
 def test_varlen_seqused_q(num_splits, with_seqused_k):
-    _check_seqused_q(num_splits, with_seqused_k)
-
-
-def _check_seqused_q(num_splits, with_seqused_k):
-    # sequence b uses its first seqused_q[b] rows (its Sq for the bottom-right corner); the rest
-    # of its span gets out 0 / lse -inf, whatever out's memory held before
-    lens_q, lens_k = [5, 300, 1, 130, 0], [40, 300, 129, 7, 3]
-    used_q, used_k = [2, 257, 0, 130, 0], [40, 211, 129, 1, 3]
-    g = _gen(6)
-    q = _packed(lens_q, 4, 128, torch.bfloat16, g)
-    k, v = _packed(lens_k, 2, 128, torch.bfloat16, g), _packed(lens_k, 2, 128, torch.bfloat16, g)
-    as_t = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
-    kw = dict(cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), seqused_q=as_t(used_q),
-              seqused_k=as_t(used_k) if with_seqused_k else None, causal=True)  # fmt: skip
-    junk = torch.full((sum(lens_q), 4, 128), float("nan"), device="cuda", dtype=q.dtype)
-    del junk  # its block is free for out: unwritten rows would show as NaN
-    out, lse = flash_attn_varlen_func(q, k, v, max_seqlen_q=300, max_seqlen_k=300,
-                                      num_splits=num_splits, **kw)  # fmt: skip
-    assert cute_attn.last_dispatch().impl == "sm90_fwd"
-    ref, ref_lse = reference.attention_ref_varlen(q, k, v, compute_dtype=torch.float32, **kw)
-    same, _ = reference.attention_ref_varlen(q, k, v, compute_dtype=None, **kw)
-    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
-    cq = _cu(lens_q).tolist()
-    for b, u in enumerate(used_q):  # unused rows: exactly 0 / -inf
-        rows = slice(cq[b] + u, cq[b + 1])
-        assert torch.equal(out[rows], torch.zeros_like(out[rows]))
-        assert bool((lse[:, rows] == float("-inf")).all())
+    check_seqused_q(num_splits, with_seqused_k)
 
 
 @pytest.mark.gpu
@@ -236,10 +179,13 @@ def test_varlen_many_sequences(d, mode, used):
     lens_q[:8] = [0, 128, 1, 256, 0, 129, 64, 1000]
     lens_k = torch.randint(0, 1500, (75,), generator=gen).tolist()
     lens_k[:8] = [5, 128, 0, 256, 9, 300, 64, 1]
-    g = _gen(d)
-    q = _packed(lens_q, 8, d, torch.bfloat16, g)
-    k, v = _packed(lens_k, 2, d, torch.bfloat16, g), _packed(lens_k, 2, d, torch.bfloat16, g)
-    kw = dict(cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), **mode_kwargs(mode))
+    g = cuda_gen(d)
+    q = packed_rows(lens_q, 8, d, torch.bfloat16, g)
+    k, v = (
+        packed_rows(lens_k, 2, d, torch.bfloat16, g),
+        packed_rows(lens_k, 2, d, torch.bfloat16, g),
+    )
+    kw = dict(cu_seqlens_q=cu_lens(lens_q), cu_seqlens_k=cu_lens(lens_k), **mode_kwargs(mode))
     if used:
         kw["seqused_q"] = torch.tensor([n - n // 3 for n in lens_q], dtype=torch.int32,
                                        device="cuda")  # fmt: skip
@@ -265,7 +211,7 @@ def test_varlen_many_sequences(d, mode, used):
 def test_dense_split_kv(mode, num_splits):
     """2 splits merge inside a cluster (tile_config.fwd_split_cluster), 7 and 64 through fp32
     partials and the combine kernel."""
-    g = _gen(5)
+    g = cuda_gen(5)
     q = torch.randn(2, 70, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(2, 3000, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(2, 3000, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -306,7 +252,7 @@ def test_split_cluster_empty_shares_and_rows(clusters_up_to_max, num_splits, d):
     (2 key tiles over 3 or 8 splits: their partials are out 0 / lse -inf) and, under the
     bottom-right causal corner with Sq > Sk, rows no split sees (out 0, lse -inf); out over
     a poisoned block."""
-    g = _gen(num_splits * 100 + d)
+    g = cuda_gen(num_splits * 100 + d)
     q = torch.randn(2, 1100, 4, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(2, 200, 2, d, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(2, 200, 2, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -341,7 +287,7 @@ def test_split_cluster_merge_used_rows(clusters_up_to_max, monkeypatch, case, nu
     fwd_sm90._plan.cache_clear()
     api._dense_memo.clear()
     api._kvcache_memo.clear()
-    g = _gen(num_splits + len(case))
+    g = cuda_gen(num_splits + len(case))
     sq, h, hkv, d, sk = (70, 4, 2, 128, 3000) if case == "rows70" else (1, 32, 8, 128, 2500)
     q = torch.randn(3, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(3, sk, hkv, d, device="cuda", dtype=q.dtype, generator=g)
@@ -351,7 +297,7 @@ def test_split_cluster_merge_used_rows(clusters_up_to_max, monkeypatch, case, nu
             lens = [1, 1300, sk]
             n = torch.tensor(lens, dtype=torch.int32, device="cuda")
             out, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=n, num_splits=num_splits)
-            ref, ref_lse, same = _cache_ref(q, k, v, range(3), lens, causal=True)
+            ref, ref_lse, same = cache_ref(q, k, v, range(3), lens, causal=True)
         else:
             out, lse = flash_attn_func(q, k, v, causal=True, num_splits=num_splits)
             ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=True)
@@ -373,7 +319,7 @@ def test_split_combine_kernel(splits, dv):
     o 0) and a row no split saw (out 0, lse -inf)."""
     from cute_attn.fwd_sm90 import ARCH, CombineKey, build_combine
 
-    g = _gen(splits * 1000 + dv)
+    g = cuda_gen(splits * 1000 + dv)
     b, sq, h = 3, 5, 6
     o_part = torch.randn(splits, b, sq, h, dv, device="cuda", generator=g)
     lse_part = 4 * torch.randn(splits, b, h, sq, device="cuda", generator=g)
@@ -398,24 +344,6 @@ def test_split_combine_kernel(splits, dv):
 # ------------------------------------------------------------------ KV cache
 
 
-def _cache_case(b, sq, h, hkv, d, s_cache, seed, dtype=torch.bfloat16, b_cache=None):
-    g = _gen(seed)
-
-    def mk(*s):
-        return torch.randn(*s, device="cuda", dtype=dtype, generator=g)
-
-    b_cache = b_cache or b
-    return mk(b, sq, h, d), mk(b_cache, s_cache, hkv, d), mk(b_cache, s_cache, hkv, d)
-
-
-def _cache_ref(q, kc, vc, rows, lens, **kw):
-    """Per batch row b: dense attention of q[b] over the first lens[b] rows of cache row
-    rows[b]."""
-    problems = [(q[b : b + 1], kc[c : c + 1, :n], vc[c : c + 1, :n])
-                for b, (c, n) in enumerate(zip(rows, lens))]  # fmt: skip
-    return tuple(torch.cat(part) for part in zip(*_refs(problems, **kw)))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
 @pytest.mark.parametrize("sq", [1, 4])
@@ -423,12 +351,12 @@ def _cache_ref(q, kc, vc, rows, lens, **kw):
 @pytest.mark.parametrize("new", [0, 1])
 def test_kvcache_decode(h, hkv, sq, num_splits, new):
     b, d, s_cache = 4, 128, 1000
-    q, kc, vc = _cache_case(b, sq, h, hkv, d, s_cache, seed=sq * 10 + hkv)
+    q, kc, vc = cache_case(b, sq, h, hkv, d, s_cache, seed=sq * 10 + hkv)
     lens_old = [0, 1, 517, s_cache - sq * new][:b]
     n = torch.tensor(lens_old, dtype=torch.int32, device="cuda")
     kn = vn = None
     if new:
-        g = _gen(7)
+        g = cuda_gen(7)
         kn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
         vn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
     for i, n_old in enumerate(lens_old):  # never-written rows hold NaN / Inf
@@ -445,7 +373,7 @@ def test_kvcache_decode(h, hkv, sq, num_splits, new):
         assert torch.equal(kc.nan_to_num(1e4, 1e4), kc_ref.nan_to_num(1e4, 1e4))
         assert torch.equal(vc.nan_to_num(1e4, 1e4), vc_ref.nan_to_num(1e4, 1e4))
     lens = [x + sq * new for x in lens_old]
-    ref, ref_lse, same = _cache_ref(q, kc, vc, range(b), lens, causal=True)
+    ref, ref_lse, same = cache_ref(q, kc, vc, range(b), lens, causal=True)
     assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -453,7 +381,7 @@ def test_kvcache_decode(h, hkv, sq, num_splits, new):
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("sq", [1, 3])  # 3: speculative rows (packed where fwd_pack_gqa takes them)
 def test_kvcache_batch_idx_window_softcap(sq, num_splits):
-    q, kc, vc = _cache_case(3, sq, 8, 2, 64, 700, seed=11, b_cache=5)
+    q, kc, vc = cache_case(3, sq, 8, 2, 64, 700, seed=11, b_cache=5)
     rows = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
     lens = [700, 33, 129]
     n = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -461,7 +389,7 @@ def test_kvcache_batch_idx_window_softcap(sq, num_splits):
         out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, cache_batch_idx=rows,
                                            num_splits=num_splits, **kw)  # fmt: skip
         assert cute_attn.last_dispatch().impl == "sm90_fwd"
-        ref, ref_lse, same = _cache_ref(q, kc, vc, rows.tolist(), lens, **kw)
+        ref, ref_lse, same = cache_ref(q, kc, vc, rows.tolist(), lens, **kw)
         assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -471,13 +399,6 @@ def ragged_cache_built(monkeypatch):
     forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
     with forced_host_rule(monkeypatch, "fwd_ragged_cache", lambda: True) as keys:
         yield keys
-
-
-def _feature_flags(keys, name: str) -> list[bool]:
-    """InputFeatures.<name> of each forward compile key."""
-    from cute_attn.arch.common.features import InputFeatures
-
-    return [getattr(InputFeatures(*k.features), name) for k in keys]
 
 
 @pytest.mark.gpu
@@ -490,7 +411,7 @@ def test_kvcache_ragged_cache(ragged_cache_built, d, sq, num_splits):
     # lengths 0, 1, odd, a partial last tile and the full capacity; batch rows through a
     # permuted cache_batch_idx into a larger cache, and without it
     b, h, hkv, cap = 4, 8, 2, 700
-    q, kc, vc = _cache_case(b, sq, h, hkv, d, cap, seed=d + sq + num_splits, b_cache=6)
+    q, kc, vc = cache_case(b, sq, h, hkv, d, cap, seed=d + sq + num_splits, b_cache=6)
     lens = [0, 1, 333, cap]
     for c in range(6):  # cache row c holds lens[c % 4] keys (rows 4, 5: nobody's)
         kc[c, lens[c % 4] :] = float("inf")
@@ -503,8 +424,8 @@ def test_kvcache_ragged_cache(ragged_cache_built, d, sq, num_splits):
         out, lse = flash_attn_with_kvcache(q, kcs, vcs, cache_seqlens=n, num_splits=num_splits,
                                            **kw)  # fmt: skip
         assert cute_attn.last_dispatch().impl == "sm90_fwd"
-        assert all(_feature_flags(ragged_cache_built, "ragged_cache")) and ragged_cache_built
-        ref, ref_lse, same = _cache_ref(q, kcs, vcs, used or range(b), lens, causal=True)
+        assert all(feature_flags(ragged_cache_built, "ragged_cache")) and ragged_cache_built
+        ref, ref_lse, same = cache_ref(q, kcs, vcs, used or range(b), lens, causal=True)
         assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -513,7 +434,7 @@ def test_kvcache_ragged_cache_needs_rows_back_to_back(ragged_cache_built):
     # a cache sliced out of a longer one (batch stride != capacity x row stride) keeps the
     # smem zeroing; the memo's later hits of both layouts match the reference
     b, h, hkv, d = 3, 8, 2, 128
-    q, kc, vc = _cache_case(b, 1, h, hkv, d, 900, seed=5)
+    q, kc, vc = cache_case(b, 1, h, hkv, d, 900, seed=5)
     lens = [5, 600, 129]
     n = torch.tensor(lens, dtype=torch.int32, device="cuda")
     for cut, flag in ((900, True), (640, False)):
@@ -523,8 +444,8 @@ def test_kvcache_ragged_cache_needs_rows_back_to_back(ragged_cache_built):
         for _ in range(2):  # the full path, then the memo's bound launcher
             ragged_cache_built.clear()
             out, lse = flash_attn_with_kvcache(q, ks, vs, cache_seqlens=n)
-            assert set(_feature_flags(ragged_cache_built, "ragged_cache")) <= {flag}
-            ref, ref_lse, same = _cache_ref(q, ks, vs, range(b), lens, causal=True)
+            assert set(feature_flags(ragged_cache_built, "ragged_cache")) <= {flag}
+            ref, ref_lse, same = cache_ref(q, ks, vs, range(b), lens, causal=True)
             assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -534,7 +455,7 @@ def test_kvcache_gathered_pages_ragged_cache(ragged_cache_built, new):
     # pages of 8 fit no TMA key tile: torch gathers them into a dense cache, whose rows lie
     # back to back, so V takes the ragged view there
     test_kvcache_paged(8, 4, new)
-    assert any(_feature_flags(ragged_cache_built, "ragged_cache"))
+    assert any(feature_flags(ragged_cache_built, "ragged_cache"))
 
 
 @pytest.mark.gpu
@@ -542,7 +463,7 @@ def test_kvcache_gathered_pages_ragged_cache(ragged_cache_built, new):
 @pytest.mark.parametrize("sq", [1, 5])
 @pytest.mark.parametrize("d", [192, 256])
 def test_kvcache_windows_large_head_dims(d, sq, num_splits):
-    q, kc, vc = _cache_case(3, sq, 8, 2, d, 700, seed=d + sq)
+    q, kc, vc = cache_case(3, sq, 8, 2, d, 700, seed=d + sq)
     lens = [700, 33, 129]
     n = torch.tensor(lens, dtype=torch.int32, device="cuda")
     # (flash_attn_with_kvcache is causal unless told otherwise)
@@ -551,14 +472,14 @@ def test_kvcache_windows_large_head_dims(d, sq, num_splits):
                {"causal": True, "window_size": (300, None)}):  # fmt: skip
         out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, num_splits=num_splits, **kw)
         assert cute_attn.last_dispatch().impl == "sm90_fwd"
-        ref, ref_lse, same = _cache_ref(q, kc, vc, range(3), lens, **kw)
+        ref, ref_lse, same = cache_ref(q, kc, vc, range(3), lens, **kw)
         assert_matches(out, lse, ref, ref_lse, same)
 
 
 @pytest.mark.gpu
 def test_kvcache_rotary_append():
-    q, kc, vc = _cache_case(2, 1, 8, 2, 128, 300, seed=12)
-    g = _gen(13)
+    q, kc, vc = cache_case(2, 1, 8, 2, 128, 300, seed=12)
+    g = cuda_gen(13)
     kn = torch.randn(2, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
     vn = torch.randn(2, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
     ang = torch.rand(400, 32, device="cuda", generator=g) * 6.28
@@ -574,7 +495,7 @@ def test_kvcache_rotary_append():
     # both paths rotate and append with the same torch code: identical caches
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
     qr = apply_rotary(q, kw["rotary_cos"], kw["rotary_sin"], n.long()[:, None], False)
-    ref, ref_lse, same = _cache_ref(qr, kc, vc, range(2), (n + 1).tolist(), causal=True)
+    ref, ref_lse, same = cache_ref(qr, kc, vc, range(2), (n + 1).tolist(), causal=True)
     assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -583,8 +504,8 @@ def test_kvcache_torch_compile_decode_loop():
     # torch.compile(fullgraph=True) around decode steps that rotate, append in place and attend
     # (the custom ops run the kernel): caches and outputs equal the eager calls' (the same
     # kernel on the same inputs), and the last step matches the reference
-    q, kc, vc = _cache_case(2, 1, 8, 2, 128, 300, seed=14)
-    g = _gen(15)
+    q, kc, vc = cache_case(2, 1, 8, 2, 128, 300, seed=14)
+    g = cuda_gen(15)
     ang = torch.rand(400, 32, device="cuda", generator=g) * 6.28
     cos, sin = ang.cos().to(q.dtype), ang.sin().to(q.dtype)
 
@@ -605,211 +526,8 @@ def test_kvcache_torch_compile_decode_loop():
         assert torch.equal(kcomp, ke) and torch.equal(vcomp, ve)
         assert torch.equal(got[0], out) and torch.equal(got[1], lse)
     qr = apply_rotary(q, cos, sin, (n + 2).long()[:, None], True)
-    ref, ref_lse, same = _cache_ref(qr, ke, ve, range(2), (n + 3).tolist(), causal=True)
+    ref, ref_lse, same = cache_ref(qr, ke, ve, range(2), (n + 3).tolist(), causal=True)
     assert_matches(out, lse, ref, ref_lse, same)
-
-
-# ------------------------------------------------------------------ packed GQA rows
-
-
-@pytest.fixture
-def pack_gqa_built(monkeypatch):
-    """tile_config.fwd_pack_gqa forced on (off in the table until measured); yields the
-    forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
-    with forced_host_rule(monkeypatch, "fwd_pack_gqa", lambda seqlen_q, group: True) as keys:
-        yield keys
-
-
-# (head dim, H, Hkv, Sq, num_splits, mode): G = 4 / 8 / 16 / 128 query heads a KV head;
-# unsplit, the table's splits, fp32 partials and the cluster merge; the causal corner, with a
-# left window, softcap and an unbounded window; G x Sq past one tile of rows (40 x 4); G
-# larger than the tile (128 heads of MQA: two tiles a position); every head dim's decode tile
-PACK_CASES = [
-    (128, 8, 2, 4, 0, "causal"), (128, 8, 2, 4, 1, "causal"), (128, 8, 2, 3, 3, "left"),
-    (128, 16, 2, 7, 1, "softcap"), (128, 8, 1, 5, 2, "causal"), (64, 32, 8, 2, 0, "causal"),
-    (64, 16, 2, 6, 1, "window"), (256, 8, 2, 4, 0, "causal"), (256, 32, 2, 3, 1, "causal"),
-    (128, 8, 2, 40, 1, "causal"), (64, 128, 1, 2, 1, "causal"), (96, 8, 2, 4, 2, "causal"),
-    (192, 16, 4, 2, 0, "softcap"),
-    # groups that do not divide the tile's rows (padded tiles): 7 (Qwen2.5-7B's 28 / 4),
-    # 5 with fp32 partials, 6 merged in a cluster under a left window, 3 over two tiles of
-    # rows with softcap, 7 at D=256 under an unbounded window
-    (128, 28, 4, 3, 0, "causal"), (128, 40, 8, 4, 3, "causal"), (64, 12, 2, 5, 2, "left"),
-    (128, 6, 2, 40, 1, "softcap"), (256, 14, 2, 4, 0, "window"),
-]  # fmt: skip
-PACK_MODES = {
-    "causal": {"causal": True},
-    "left": {"causal": True, "window_size": (5, None)},
-    "softcap": {"causal": True, "softcap": 20.0},
-    # flash_attn_with_kvcache defaults to causal=True and the reference to False: say it
-    # (without it the API intersected the window with the causal corner and the reference
-    # did not, which failed this case in the forty-first session)
-    "window": {"causal": False, "window_size": (37, 11)},
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("d,h,hkv,sq,num_splits,mode", PACK_CASES)
-def test_kvcache_pack_gqa_rows(pack_gqa_built, d, h, hkv, sq, num_splits, mode):
-    # speculative decoding: Sq new tokens appended at each row's length, then attended with
-    # the query heads of each KV head packed into the tile's rows (InputFeatures.pack_gqa).
-    # Lengths 0 (only the new keys: under the causal corner the first rows see fewer than
-    # Sq), 1, odd, and up to the capacity; unwritten cache rows hold Inf (k) / NaN (v). A
-    # read-only repeat through the memo's launcher gives the same bits.
-    b, cap, kw = 4, 700, PACK_MODES[mode]
-    q, kc, vc = _cache_case(b, sq, h, hkv, d, cap, seed=d + h + sq + num_splits)
-    g = _gen(sq)
-    kn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
-    vn = torch.randn(b, sq, hkv, d, device="cuda", dtype=q.dtype, generator=g)
-    lens_old = [0, 1, 333, cap - sq]
-    for i, n_old in enumerate(lens_old):
-        kc[i, n_old:] = float("inf")
-        vc[i, n_old:] = float("nan")
-    n = torch.tensor(lens_old, dtype=torch.int32, device="cuda")
-    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, num_splits=num_splits,
-                                       **kw)  # fmt: skip
-    assert cute_attn.last_dispatch().impl == "sm90_fwd"
-    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
-    lens = [x + sq for x in lens_old]
-    ref, ref_lse, same = _cache_ref(q, kc, vc, range(b), lens, **kw)
-    assert_matches(out, lse, ref, ref_lse, same)
-    n_new = n + sq
-    for _ in range(2):  # the first call builds the memo entry, the second launches through it
-        again, lse_again = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n_new,
-                                                   num_splits=num_splits, **kw)  # fmt: skip
-        assert torch.equal(again, out) and torch.equal(lse_again, lse)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [16, 64])
-def test_kvcache_paged_pack_gqa_rows(pack_gqa_built, page_size):
-    # packed rows over a paged cache (one TMA box per key tile of a page), pages shuffled,
-    # partial last pages poisoned
-    b, h, hkv, d, sq = 4, 16, 4, 128, 3
-    g = _gen(300 + page_size)
-    max_pages = -(-900 // page_size)
-    lens = [0, 1, 517, max_pages * page_size]
-    kp, vp, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    out, lse = flash_attn_with_kvcache(q, kp, vp, cache_seqlens=n, page_table=table)
-    _check_route(page_size)
-    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
-    ks, vs = _dense_rows(kp, table, lens), _dense_rows(vp, table, lens)
-    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
-    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
-    assert_matches(out, lse, ref, ref_lse, same)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "sq,sk,dtype,kw,heads",
-    [(1, 700, torch.bfloat16, {"window_size": (50, None)}, (32, 8)),
-     (17, 1000, torch.bfloat16, {"causal": True}, (32, 8)),
-     (100, 333, torch.float16, {}, (32, 8)),
-     (40, 20, torch.bfloat16, {"causal": True, "window_size": (9, None)}, (32, 8)),
-     (17, 1000, torch.bfloat16, {"causal": True}, (28, 4)),
-     (100, 333, torch.float16, {"window_size": (20, 30)}, (40, 8))],
-)  # fmt: skip
-def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw, heads):
-    # flash_attn_func with packed rows: one query row under a left window (the decode view
-    # cannot take it), a few rows, several tiles of rows, rows that see no key (Sq > Sk under
-    # the causal corner, with a left window), padded tiles (groups of 7 and 5);
-    # pack_gqa=False keeps query heads apart
-    from gpu_cases import attn_inputs
-
-    q, k, v = attn_inputs(3, sq, sk, *heads, 128, 128, dtype, seed=sq)
-    for pack, flag in ((None, True), (False, False)):
-        pack_gqa_built.clear()
-        out, lse = flash_attn_func(q, k, v, pack_gqa=pack, **kw)
-        assert cute_attn.last_dispatch().impl == "sm90_fwd"
-        assert _feature_flags(pack_gqa_built, "pack_gqa") == [flag], pack_gqa_built
-        ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, **kw)
-        same, _ = attention_ref(q, k, v, compute_dtype=None, **kw)
-        assert_matches(out, lse, ref, ref_lse, same)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), False)])
-def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
-    # pack_gqa=True with the table's rule as it is (off): speculative rows over a KV cache
-    # and through the dense entry pack where packing was timed (Sq <= 8) and the kernel's
-    # packed tiles have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8), not
-    # yet where they pad (G = 7), nor for a prefill's 300 rows; dispatch's reason says
-    # which, and every call matches the reference
-    from cute_attn.arch.sm90 import tile_config
-
-    from gpu_cases import attn_inputs
-
-    h, hkv = heads
-    note = "packed into the tile's rows"
-    with forced_host_rule(monkeypatch, "fwd_pack_gqa", tile_config.fwd_pack_gqa) as keys:
-        b, sq, d, cap = 3, 4, 128, 600
-        q, kc, vc = _cache_case(b, sq, h, hkv, d, cap, seed=h)
-        lens = [5, 301, cap]
-        n = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, pack_gqa=True)
-        got = cute_attn.last_dispatch()
-        assert got.impl == "sm90_fwd" and (note in got.reason) is packed, got
-        assert _feature_flags(keys, "pack_gqa") == [packed], keys
-        ref, ref_lse, same = _cache_ref(q, kc, vc, range(b), lens, causal=True)
-        assert_matches(out, lse, ref, ref_lse, same)
-        for sq, want in ((6, packed), (300, False)):
-            keys.clear()
-            q, k, v = attn_inputs(2, sq, 500, h, hkv, d, d, torch.bfloat16, seed=h + sq)
-            out, lse = flash_attn_func(q, k, v, causal=True, pack_gqa=True)
-            got = cute_attn.last_dispatch()
-            assert got.impl == "sm90_fwd" and (note in got.reason) is want, (sq, got)
-            assert _feature_flags(keys, "pack_gqa") == [want], (sq, keys)
-            ref, ref_lse = attention_ref(q, k, v, causal=True, compute_dtype=torch.float32)
-            same, _ = attention_ref(q, k, v, causal=True, compute_dtype=None)
-            assert_matches(out, lse, ref, ref_lse, same)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "d,mode,num_splits,heads",
-    [(128, "full", 1, (8, 2)), (128, "causal", 1, (8, 2)), (128, "window", 1, (8, 2)),
-     (128, "softcap", 3, (8, 2)), (64, "causal", 3, (8, 2)), (128, "causal", 1, (14, 2)),
-     (128, "window", 3, (10, 2))],
-)  # fmt: skip
-def test_varlen_pack_gqa_rows(pack_gqa_built, d, mode, num_splits, heads):
-    # packed sequences (lengths 0, 1, odd, past a tile of rows) with each KV head's query
-    # heads packed into the rows: Q loads from each sequence's first row, O stores stop at
-    # its last (the ragged view's seq part), so neighbours stay untouched; also padded
-    # tiles (groups of 7 and 5, the latter through fp32 partials)
-    _check_varlen(*heads, d, torch.bfloat16, mode_kwargs(mode), num_splits)
-    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
-
-
-@pytest.mark.gpu
-def test_varlen_seqused_q_pack_gqa_rows(pack_gqa_built):
-    _check_seqused_q(3, True)
-    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [16, 64])
-def test_varlen_decode_paged_pack_gqa_rows(pack_gqa_built, page_size):
-    # decode through the varlen entry as a paged serving engine calls it: one query row a
-    # sequence (and a 3-row and an empty one), keys in shuffled pages, lengths from
-    # seqused_k, the causal corner
-    h, hkv, d = 32, 8, 128
-    lens_q, lens_k = [1, 1, 3, 0, 1], [1, 517, 64, 5, 900]
-    g = _gen(400 + page_size)
-    max_pages = -(-max(lens_k) // page_size) + 1
-    kp, vp, table = _paged_cache(len(lens_k), hkv, d, page_size, max_pages, lens_k, g)
-    q = _packed(lens_q, h, d, torch.bfloat16, g)
-    n = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
-    out, lse = flash_attn_varlen_func(
-        q, kp, vp, cu_seqlens_q=_cu(lens_q), max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
-        page_table=table, seqused_k=n, causal=True,
-    )  # fmt: skip
-    _check_route(page_size)
-    assert pack_gqa_built and all(_feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
-    k = torch.cat([x[0] for x in _dense_rows(kp, table, lens_k)])
-    v = torch.cat([x[0] for x in _dense_rows(vp, table, lens_k)])
-    ref, ref_lse, same = _per_sequence_ref(q, k, v, lens_q, lens_k, causal=True)
-    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 # ------------------------------------------------------------------ paged KV
@@ -819,61 +537,19 @@ def test_varlen_decode_paged_pack_gqa_rows(pack_gqa_built, page_size):
 PAGE_SIZES = [1, 8, 16, 48, 64, 128, 256]
 
 
-def _paged_cache(
-    b, hkv, d, page_size, max_pages, lens, g, written=None, dtype=torch.bfloat16, dv=None
-):
-    """A paged cache whose row b has ceil(lens[b] / page_size) pages at shuffled physical
-    positions, holding random keys in its first written[b] (default lens[b]) rows. Later rows
-    of those pages hold Inf (k) / NaN (v), spare pages NaN, and table entries past the used
-    pages -1: none may reach the output. v's head dim is dv (default d). Returns k_pages,
-    v_pages, table (B, max_pages)."""
-    written = lens if written is None else written
-    dv = dv or d
-    used = [-(-n // page_size) for n in lens]
-    total = sum(used) + 3  # spare pages nobody uses
-    kp = torch.full((total, page_size, hkv, d), float("nan"), device="cuda", dtype=dtype)
-    vp = torch.full((total, page_size, hkv, dv), float("nan"), device="cuda", dtype=dtype)
-    perm = torch.randperm(total, device="cuda", generator=g)
-    table = torch.full((b, max_pages), -1, dtype=torch.int32, device="cuda")
-    nxt = 0
-    for i, (n, u) in enumerate(zip(written, used)):
-        idx = perm[nxt : nxt + u]
-        nxt += u
-        table[i, :u] = idx.to(torch.int32)
-        rk, rv = (torch.randn(u * page_size, hkv, x, device="cuda", dtype=dtype, generator=g)
-                  for x in (d, dv))  # fmt: skip
-        rk[n:], rv[n:] = float("inf"), float("nan")
-        kp[idx], vp[idx] = rk.view(u, page_size, hkv, d), rv.view(u, page_size, hkv, dv)
-    return kp, vp, table
-
-
-def _dense_rows(pages, table, lens):
-    """Row b's first lens[b] keys of a paged cache, as a list of (1, n, Hkv, D) tensors."""
-    ps = pages.shape[1]
-    return [pages[table[i, : -(-n // ps)].long()].flatten(0, 1)[None, :n]
-            for i, n in enumerate(lens)]  # fmt: skip
-
-
-def _check_route(page_size):
-    d = cute_attn.last_dispatch()
-    assert d.impl == "sm90_fwd", d
-    # honest about what ran: only page sizes without a TMA key tile are gathered first
-    assert ("gathers the pages" in d.reason) == (page_size in (1, 8)), d.reason
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("new", [0, 1])
 @pytest.mark.parametrize("sq", [1, 4])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_kvcache_paged(page_size, sq, new):
     b, h, hkv, d = 4, 8, 2, 128
-    g = _gen(100 + page_size)
+    g = cuda_gen(100 + page_size)
     max_pages = -(-1000 // page_size)
     cap = max_pages * page_size
     lens_old = [0, 1, 517, cap - sq * new]
     lens = [n + sq * new for n in lens_old]
     # the rows the append writes start poisoned like any unwritten row
-    kp, vp, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g, written=lens_old)
+    kp, vp, table = paged_cache(b, hkv, d, page_size, max_pages, lens, g, written=lens_old)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     kn = vn = None
     if new:
@@ -883,13 +559,13 @@ def test_kvcache_paged(page_size, sq, new):
     splits = 0 if new else 3
     out, lse = flash_attn_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=n, page_table=table,
                                        num_splits=splits)  # fmt: skip
-    _check_route(page_size)
-    ks, vs = _dense_rows(kp, table, lens), _dense_rows(vp, table, lens)
+    check_route(page_size)
+    ks, vs = dense_rows(kp, table, lens), dense_rows(vp, table, lens)
     if new:  # the append landed at positions lens_old[b] .. + sq of row b's pages
         for i, n_old in enumerate(lens_old):
             assert torch.equal(ks[i][0, n_old:], kn[i]) and torch.equal(vs[i][0, n_old:], vn[i])
     problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
-    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, causal=True)))
     assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -898,22 +574,22 @@ def test_kvcache_paged(page_size, sq, new):
 @pytest.mark.parametrize("lengths", ["seqused_k", "cu_seqlens_k"])
 def test_varlen_paged(page_size, lengths):
     h, hkv, d = 6, 2, 128
-    g = _gen(200 + page_size)
+    g = cuda_gen(200 + page_size)
     max_pages = -(-max(LENS_K) // page_size) + 1
-    kp, vp, table = _paged_cache(len(LENS_K), hkv, d, page_size, max_pages, LENS_K, g)
-    q = _packed(LENS_Q, h, d, torch.bfloat16, g)
+    kp, vp, table = paged_cache(len(LENS_K), hkv, d, page_size, max_pages, LENS_K, g)
+    q = packed_rows(LENS_Q, h, d, torch.bfloat16, g)
     kw = {"seqused_k": torch.tensor(LENS_K, dtype=torch.int32, device="cuda")}
     if lengths == "cu_seqlens_k":
-        kw = {"cu_seqlens_k": _cu(LENS_K)}
+        kw = {"cu_seqlens_k": cu_lens(LENS_K)}
     for mode_kw in ({"causal": True}, {"window_size": (50, 7), "softcap": 10.0}):
         out, lse = flash_attn_varlen_func(
-            q, kp, vp, cu_seqlens_q=_cu(LENS_Q), max_seqlen_q=max(LENS_Q),
+            q, kp, vp, cu_seqlens_q=cu_lens(LENS_Q), max_seqlen_q=max(LENS_Q),
             max_seqlen_k=max(LENS_K), page_table=table, **kw, **mode_kw,
         )  # fmt: skip
-        _check_route(page_size)
-        k = torch.cat([x[0] for x in _dense_rows(kp, table, LENS_K)])
-        v = torch.cat([x[0] for x in _dense_rows(vp, table, LENS_K)])
-        ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
+        check_route(page_size)
+        k = torch.cat([x[0] for x in dense_rows(kp, table, LENS_K)])
+        v = torch.cat([x[0] for x in dense_rows(vp, table, LENS_K)])
+        ref, ref_lse, same = per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
         assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
@@ -924,29 +600,29 @@ def test_paged_windows_large_head_dims(d, dv, page_size):
     # the paged variants past D = 128 derive from the dense table's window tiles: packed
     # prefill over pages and a paged KV-cache decode, each under windows and the causal mask
     h, hkv = 6, 2
-    g = _gen(300 + d + dv + page_size)
+    g = cuda_gen(300 + d + dv + page_size)
     max_pages = -(-max(LENS_K) // page_size) + 1
-    kp, vp, table = _paged_cache(len(LENS_K), hkv, d, page_size, max_pages, LENS_K, g, dv=dv)
-    q = _packed(LENS_Q, h, d, torch.bfloat16, g)
-    k = torch.cat([x[0] for x in _dense_rows(kp, table, LENS_K)])
-    v = torch.cat([x[0] for x in _dense_rows(vp, table, LENS_K)])
+    kp, vp, table = paged_cache(len(LENS_K), hkv, d, page_size, max_pages, LENS_K, g, dv=dv)
+    q = packed_rows(LENS_Q, h, d, torch.bfloat16, g)
+    k = torch.cat([x[0] for x in dense_rows(kp, table, LENS_K)])
+    v = torch.cat([x[0] for x in dense_rows(vp, table, LENS_K)])
     n = torch.tensor(LENS_K, dtype=torch.int32, device="cuda")
     qd = torch.randn(len(LENS_K), 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     for mode_kw in LARGE_DIM_MODES.values():
         mode_kw = {"causal": False, **mode_kw}  # (flash_attn_with_kvcache defaults to causal)
         out, lse = flash_attn_varlen_func(
-            q, kp, vp, cu_seqlens_q=_cu(LENS_Q), max_seqlen_q=max(LENS_Q),
+            q, kp, vp, cu_seqlens_q=cu_lens(LENS_Q), max_seqlen_q=max(LENS_Q),
             max_seqlen_k=max(LENS_K), page_table=table, seqused_k=n, **mode_kw,
         )  # fmt: skip
-        _check_route(page_size)
-        ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
+        check_route(page_size)
+        ref, ref_lse, same = per_sequence_ref(q, k, v, LENS_Q, LENS_K, **mode_kw)
         assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
         out, lse = flash_attn_with_kvcache(qd, kp, vp, cache_seqlens=n, page_table=table,
                                            num_splits=2, **mode_kw)  # fmt: skip
-        _check_route(page_size)
-        ks, vs = _dense_rows(kp, table, LENS_K), _dense_rows(vp, table, LENS_K)
+        check_route(page_size)
+        ks, vs = dense_rows(kp, table, LENS_K), dense_rows(vp, table, LENS_K)
         problems = [(qd[i : i + 1], ks[i], vs[i]) for i in range(len(LENS_K))]
-        ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, **mode_kw)))
+        ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, **mode_kw)))
         assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -967,16 +643,16 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
         api._kvcache_memo.clear()
 
     b, h, hkv, d, page_size = 3, 8, 2, 128, 64
-    g = _gen(7)
+    g = cuda_gen(7)
     lens = [5, 300, 129]
     max_pages = 6
     cap = max_pages * page_size
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     n = torch.tensor(lens, dtype=torch.int32, device="cuda")
     if layout == "paged":
-        kc, vc, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g)
+        kc, vc, table = paged_cache(b, hkv, d, page_size, max_pages, lens, g)
         cache = {"page_table": table}
-        ks, vs = _dense_rows(kc, table, lens), _dense_rows(vc, table, lens)
+        ks, vs = dense_rows(kc, table, lens), dense_rows(vc, table, lens)
     else:
         kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
                   for _ in range(2))  # fmt: skip
@@ -1010,7 +686,7 @@ def test_kvcache_read_only_checks_after_launch(layout, monkeypatch):
     torch.cuda.synchronize()
     assert cute_attn.last_dispatch().impl == "sm90_fwd"
     problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
-    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, causal=True)))
     assert_matches(out, lse, ref, ref_lse, same)
     # an append keeps the check before its writes (not deferred)
     kn = torch.randn(b, 1, hkv, d, device="cuda", dtype=q.dtype, generator=g)
@@ -1033,16 +709,16 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
 
     b, h, hkv, d = 3, 8, 2, 128
     page_size = 8 if layout == "paged8" else 64
-    g = _gen(31)
+    g = cuda_gen(31)
     lens, lens2 = [5, 300, 129], [3, 200, 0]
     max_pages = -(-384 // page_size)
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     if layout.startswith("paged"):
-        kc, vc, table = _paged_cache(b, hkv, d, page_size, max_pages, lens, g)
+        kc, vc, table = paged_cache(b, hkv, d, page_size, max_pages, lens, g)
         cache = {"page_table": table}
 
         def rows_of(ls):
-            return _dense_rows(kc, table, ls), _dense_rows(vc, table, ls)
+            return dense_rows(kc, table, ls), dense_rows(vc, table, ls)
     else:
         rows = [2, 0, 1] if layout == "batch_idx" else [0, 1, 2]
         kc, vc = (torch.randn(b, 384, hkv, d, device="cuda", dtype=q.dtype, generator=g)
@@ -1072,7 +748,7 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
     for ls, (out, lse) in ((lens, second), (lens2, call(q, lens2))):
         ks, vs = rows_of(ls)
         problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
-        ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+        ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, causal=True)))
         assert_matches(out, lse, ref, ref_lse, same)
     with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 1000"):
         call(q, [5, 1000, 129])
@@ -1098,16 +774,16 @@ def test_kvcache_decode_wide_grid(layout, ragged, monkeypatch):
     monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: (keys.append(key), build(key))[1])
     fwd_sm90._plan.cache_clear()
     api._kvcache_memo.clear()
-    g = _gen(41)
+    g = cuda_gen(41)
     lens = [(i * 97) % cap for i in range(b)]
     lens[0], lens[3], lens[5] = cap, 0, 1
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     n = torch.tensor(lens, dtype=torch.int32, device="cuda")
     if layout.startswith("paged"):
         page_size = int(layout[5:])
-        kc, vc, table = _paged_cache(b, hkv, d, page_size, cap // page_size, lens, g)
+        kc, vc, table = paged_cache(b, hkv, d, page_size, cap // page_size, lens, g)
         cache = {"page_table": table}
-        ks, vs = _dense_rows(kc, table, lens), _dense_rows(vc, table, lens)
+        ks, vs = dense_rows(kc, table, lens), dense_rows(vc, table, lens)
     else:
         rows = list(range(b))[::-1] if layout == "batch_idx" else list(range(b))
         kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
@@ -1125,7 +801,7 @@ def test_kvcache_decode_wide_grid(layout, ragged, monkeypatch):
     assert cute_attn.last_dispatch().impl == "sm90_fwd"
     assert [FwdTileConfig(*k.tile).ctas_per_sm for k in keys] == [2], keys  # the wide tile
     problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
-    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, causal=True)))
     assert_matches(out, lse, ref, ref_lse, same)
 
 
@@ -1134,14 +810,14 @@ def test_kvcache_paged_uniform_length_read_only():
     # an int cache_seqlens with a page table: the device check covers the pages of that
     # length only (entries past them may be -1), a bad used entry still raises
     b, h, hkv, d, page_size, max_pages, n = 2, 8, 2, 128, 64, 8, 300
-    g = _gen(21)
-    kc, vc, table = _paged_cache(b, hkv, d, page_size, max_pages, [n] * b, g)
+    g = cuda_gen(21)
+    kc, vc, table = paged_cache(b, hkv, d, page_size, max_pages, [n] * b, g)
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, page_table=table)
-    _check_route(page_size)
-    ks, vs = _dense_rows(kc, table, [n] * b), _dense_rows(vc, table, [n] * b)
+    check_route(page_size)
+    ks, vs = dense_rows(kc, table, [n] * b), dense_rows(vc, table, [n] * b)
     problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
-    ref, ref_lse, same = (torch.cat(x) for x in zip(*_refs(problems, causal=True)))
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, causal=True)))
     assert_matches(out, lse, ref, ref_lse, same)
     bad = table.clone()
     bad[1, 4] = -3  # page 4 holds keys 256..299: used
@@ -1214,23 +890,26 @@ def test_varlen_checks_after_launch():
     # which would move the ragged O store outside out) raises the usual ValueError, and the
     # next valid call is exact (the kernel clamped the bad offsets into its tensors)
     h, hkv, d = 4, 2, 128
-    g = _gen(11)
-    q, k = _packed(LENS_Q, h, d, torch.bfloat16, g), _packed(LENS_K, hkv, d, torch.bfloat16, g)
-    v = _packed(LENS_K, hkv, d, torch.bfloat16, g)
+    g = cuda_gen(11)
+    q, k = (
+        packed_rows(LENS_Q, h, d, torch.bfloat16, g),
+        packed_rows(LENS_K, hkv, d, torch.bfloat16, g),
+    )
+    v = packed_rows(LENS_K, hkv, d, torch.bfloat16, g)
     kw = dict(max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K), causal=True)
     # a canary next to the inputs (best effort: the allocator decides what lies past out)
     guard = torch.full((4096, h, d), 7.0, device="cuda", dtype=torch.bfloat16)
     for bad_q, bad_k, match in (
-        ([0, 0, 1, 114, 119, 5000, 658, 660], _cu(LENS_K).tolist(), "cu_seqlens_q"),
-        (_cu(LENS_Q).tolist(), [0, 3, 4, 207, 207, -50, 670], "cu_seqlens_k"),
+        ([0, 0, 1, 114, 119, 5000, 658, 660], cu_lens(LENS_K).tolist(), "cu_seqlens_q"),
+        (cu_lens(LENS_Q).tolist(), [0, 3, 4, 207, 207, -50, 670], "cu_seqlens_k"),
     ):
         cu_q, cu_k = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (bad_q, bad_k))
         with pytest.raises(ValueError, match=match):
             flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
     torch.cuda.synchronize()  # an out-of-bounds access would surface here
     assert bool((guard == 7.0).all())
-    out, lse = _varlen(q, k, v, LENS_Q, LENS_K, causal=True)
-    ref, ref_lse, same = _per_sequence_ref(q, k, v, LENS_Q, LENS_K, causal=True)
+    out, lse = run_varlen(q, k, v, LENS_Q, LENS_K, causal=True)
+    ref, ref_lse, same = per_sequence_ref(q, k, v, LENS_Q, LENS_K, causal=True)
     assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
@@ -1367,84 +1046,3 @@ def test_merge_used_rows_builds(tmp_path):
         pytest.skip("nvdisasm not installed: cannot read SASS")
     assert all(v["spills"] == 0 and v["cluster_waits"] >= 2 for v in r.values()), r
     assert r["True"]["hash"] != r["False"]["hash"], r
-
-
-_PACK_GQA_SNIPPET = r"""
-import glob, json, os, re, tempfile
-dump = tempfile.mkdtemp()
-os.environ.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=dump)
-from cute_attn.aot import _sass
-from cute_attn.arch.common.features import InputFeatures as F
-from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
-from cute_attn.arch.sm90.tile_config import fwd_tile_config
-cache = dict(seqused_k=True, pack_gqa=True)
-cases = {  # name: (d, heads, kv heads, left, right, features, page size)
-    "cache_causal": (128, 32, 8, False, True, F(**cache), 0),
-    "window_partials": (64, 16, 2, True, True, F(split_kv=True, **cache), 0),
-    "cluster": (128, 32, 8, False, True, F(split_kv=True, split_cluster=True, **cache), 0),
-    "paged": (128, 32, 8, False, True, F(paged_kv=True, **cache), 64),
-    "d256": (256, 32, 2, False, True, F(**cache), 0),
-    "dense_mqa": (64, 128, 1, False, False, F(pack_gqa=True), 0),
-    "varlen": (128, 32, 8, False, True, F(cu_seqlens_q=True, cu_seqlens_k=True, pack_gqa=True), 0),
-    "varlen_paged_split": (128, 32, 8, False, True, F(cu_seqlens_q=True, seqused_q=True,
-                           seqused_k=True, paged_kv=True, split_kv=True, pack_gqa=True), 64),
-    # groups that do not divide the 64 rows: padded tiles (FlashFwdSm90.tile_rows)
-    "g7_cache": (128, 28, 4, False, True, F(**cache), 0),
-    "g5_partials": (128, 40, 8, False, True, F(split_kv=True, **cache), 0),
-    "g6_cluster": (64, 48, 8, False, True, F(split_kv=True, split_cluster=True, **cache), 0),
-    "g3_varlen": (128, 6, 2, True, True, F(cu_seqlens_q=True, cu_seqlens_k=True, pack_gqa=True), 0),
-}
-out = {}
-for name, (d, h, hkv, left, right, feats, page) in cases.items():
-    for f in glob.glob(os.path.join(dump, "*")):
-        os.remove(f)
-    cfg = fwd_tile_config(d, d, right and not left, left, True, page)
-    spec = FwdSpec("bfloat16", d, d, h, hkv, left, right, False, cfg, feats)
-    sass = _sass(compile_fwd(spec, f"--keep-cubin --dump-dir={dump}").__cubin__)
-    ir = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.mlir")))
-    out[name] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
-                 "hgmma": sass.count("HGMMA"), "tma_loads": sass.count("UTMALDG"),
-                 "group": h // hkv, "tile_m": cfg.tile_m,
-                 "boxes": sorted(set(re.findall(r'tma_gbasis = <"\(([0-9,()]+)\)', ir)))}
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.compile
-def test_pack_gqa_rows_build(tmp_path):
-    # InputFeatures.pack_gqa (off in the table until measured): the KV-cache, windowed split,
-    # cluster-merged, paged, D=256, dense MQA (G = 128 > tile_m) and packed-sequence (O
-    # stored through the ragged view; paged with split partials) variants, and those of
-    # groups that do not divide the tile (7, 5 with split partials, 6 merged in a cluster, 3
-    # packed under a window), build spill-free with wgmma and TMA loads, and Q's TMA box
-    # spans the packed rows as two dimensions: (G, tile_m // G) query heads x positions, or
-    # (tile_m, 1) heads of one position when G > tile_m
-    r = run_json_snippet(_PACK_GQA_SNIPPET, tmp_path)
-    if not r["cache_causal"]["sass"]:
-        pytest.skip("nvdisasm not installed: cannot read SASS")
-    for name, v in r.items():
-        assert v["spills"] == 0 and v["hgmma"] > 0 and v["tma_loads"] > 0, (name, v)
-        g, m = v["group"], v["tile_m"]
-        rows = f"{g},{m // g}," if g <= m else f"{m},1,"
-        assert any(b.split(",", 1)[1].startswith(rows) for b in v["boxes"]), (name, v)
-
-
-def test_pack_gqa_rows_kernel_checks():
-    # the kernel's own checks (the host never asks for these): a group past the tile's rows
-    # that they do not divide (96 over 64; 6 pads the tile), and a persistent grid
-    import cutlass
-
-    from cute_attn.arch.common.features import InputFeatures
-    from cute_attn.arch.sm90.flash_fwd import FlashFwdSm90
-    from cute_attn.arch.sm90.tile_config import fwd_tile_config
-
-    feats = InputFeatures(seqused_k=True, pack_gqa=True)
-    decode = fwd_tile_config(128, 128, True, False, True)
-    args = (cutlass.BFloat16, 128, 128)
-    FlashFwdSm90(*args, 4, False, True, False, decode, feats)
-    assert FlashFwdSm90(*args, 6, False, True, False, decode, feats).tile_rows == 60
-    with pytest.raises(ValueError, match="96 query heads a KV head vs tile_m 64"):
-        FlashFwdSm90(*args, 96, False, True, False, decode, feats)
-    persistent = fwd_tile_config(128, 128, False, False, persistent_sms=132)
-    with pytest.raises(ValueError, match="persistent"):
-        FlashFwdSm90(*args, 4, False, False, False, persistent, InputFeatures(pack_gqa=True))
