@@ -108,6 +108,26 @@ def test_kvcache_pack_gqa_rows(pack_gqa_built, d, h, hkv, sq, num_splits, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kvcache_batch_idx_pack_gqa_rows(pack_gqa_built, num_splits):
+    # speculative rows over cache rows picked by cache_batch_idx (out of order, two cache rows
+    # unused), packed, unsplit and through fp32 partials: the causal corner, a left window,
+    # softcap (test_inference_sm90's batch-index case, whose Sq = 3 packs once the rule does)
+    q, kc, vc = cache_case(3, 3, 8, 2, 64, 700, seed=12, b_cache=5)
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    lens = [700, 33, 129]
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for kw in ({"causal": True}, {"window_size": (100, 0)}, {"softcap": 20.0, "causal": True}):
+        pack_gqa_built.clear()
+        out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, cache_batch_idx=rows,
+                                           num_splits=num_splits, **kw)  # fmt: skip
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        assert pack_gqa_built and all(feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+        ref, ref_lse, same = cache_ref(q, kc, vc, rows.tolist(), lens, **kw)
+        assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 64])
 def test_kvcache_paged_pack_gqa_rows(pack_gqa_built, page_size):
     # packed rows over a paged cache (one TMA box per key tile of a page), pages shuffled,
@@ -254,6 +274,7 @@ cases = {  # name: (d, heads, kv heads, left, right, features, page size)
     "window_partials": (64, 16, 2, True, True, F(split_kv=True, **cache), 0),
     "cluster": (128, 32, 8, False, True, F(split_kv=True, split_cluster=True, **cache), 0),
     "paged": (128, 32, 8, False, True, F(paged_kv=True, **cache), 64),
+    "batch_idx_split": (64, 8, 2, True, True, F(kv_batch_idx=True, split_kv=True, **cache), 0),
     "d256": (256, 32, 2, False, True, F(**cache), 0),
     "dense_mqa": (64, 128, 1, False, False, F(pack_gqa=True), 0),
     "varlen": (128, 32, 8, False, True, F(cu_seqlens_q=True, cu_seqlens_k=True, pack_gqa=True), 0),
@@ -284,8 +305,9 @@ print(json.dumps(out))
 @pytest.mark.compile
 def test_pack_gqa_rows_build(tmp_path):
     # InputFeatures.pack_gqa (off in the table until measured): the KV-cache, windowed split,
-    # cluster-merged, paged, D=256, dense MQA (G = 128 > tile_m) and packed-sequence (O
-    # stored through the ragged view; paged with split partials) variants, and those of
+    # cluster-merged, paged, cache rows by index (windowed, split), D=256, dense MQA (G = 128
+    # > tile_m) and packed-sequence (O stored through the ragged view; paged with split
+    # partials) variants, and those of
     # groups that do not divide the tile (7, 5 with split partials, 6 merged in a cluster, 3
     # packed under a window), build spill-free with wgmma and TMA loads, and Q's TMA box
     # spans the packed rows as two dimensions: (G, tile_m // G) query heads x positions, or
