@@ -177,6 +177,34 @@ def test_dense_pack_gqa_rows(pack_gqa_built, sq, sk, dtype, kw, heads):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "sq,kw,heads",
+    [(4, {"causal": True}, (32, 8)), (6, {"window_size": (40, 3)}, (16, 2)),
+     (3, {"causal": True, "softcap": 15.0}, (28, 4))],
+)  # fmt: skip
+def test_dense_pack_gqa_rows_grads(pack_gqa_built, sq, kw, heads):
+    # a few query rows with gradients: the forward packs (its lse is what the backward
+    # recomputes from), the backward runs as it does for unpacked rows; every gradient
+    # against the fp32 reference with the FlashAttention rule
+    from gpu_cases import assert_grads_match, attn_inputs
+
+    q, k, v, dout = attn_inputs(2, sq, 300, *heads, 128, 128, torch.bfloat16, seed=sq,
+                                with_dout=True)  # fmt: skip
+
+    def grads(fn, *args):
+        args = [t.detach().clone().requires_grad_() for t in args]
+        out, _ = fn(*args)
+        return torch.autograd.grad((out.float() * dout.float()).sum(), args)
+
+    got = grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v)
+    assert feature_flags(pack_gqa_built, "pack_gqa") == [True], pack_gqa_built
+    assert cute_attn.last_backward_dispatch().impl == "sm90_bwd"
+    ref = grads(lambda a, b, c: attention_ref(a, b, c, **kw), *(t.float() for t in (q, k, v)))
+    same = grads(lambda a, b, c: attention_ref(a, b, c, compute_dtype=None, **kw), q, k, v)
+    assert_grads_match(got, ref, same, q.dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), False)])
 def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
     # pack_gqa=True with the table's rule as it is (off): speculative rows over a KV cache
