@@ -21,10 +21,10 @@ declare -A rcs
 for step in "${steps[@]}"; do
   case "$step" in
     pack_tests)
-      timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
+      timeout 260 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
     pack_ab)
-      timeout 170 python3 scripts/pack_gqa_ab.py --rounds 20 --rows b8-8k-q4 b8-8k-q16 \
+      timeout 150 python3 scripts/pack_gqa_ab.py --rounds 20 --rows b8-8k-q4 b8-8k-q16 \
           b8-8k-q32 b8-8k-q64 b8-8k-q128 b8-8k-q256 dense-b8-1k dense-b2-4k g7-b8-8k-q4 \
           g5-b8-8k-q4 g7-varlen-b64-2k-q4 --out "$OUT/pack_gqa_ab_rows_h200.json" \
           > "$OUT/pack_gqa_ab_rows.log" 2>&1 ;;
