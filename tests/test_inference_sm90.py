@@ -1,7 +1,9 @@
 """SM90 forward kernel on the inference paths (GPU, `gpu` marker): packed varlen sequences,
 split-KV, flash_attn_with_kvcache over a dense cache (per-row lengths, cache_batch_idx, append,
 rotary, query heads packed per KV head at Sq = 1) and paged KV (page sizes 1..256, pages in
-shuffled order, poisoned partial pages and spare pages) for both entries.
+shuffled order, poisoned partial pages and spare pages) for both entries. Query heads packed
+into the kernel's tile rows (Sq > 1, windows, packed sequences): test_pack_gqa_sm90.py; the
+cases and checks both files share: inference_cases.py.
 
 Every expectation is the per-sequence dense reference (cute_attn.reference.attention_ref on
 that sequence's rows) with the FlashAttention tolerance rule (gpu_cases.assert_matches).
