@@ -120,9 +120,7 @@ def _persistent_fn(has_left: bool, has_right: bool):
         window_left: Int32,
         window_right: Int32,
     ):
-        num_m_blocks = cute.ceil_div(seqlen_q, kernel.tile_m)
-        ramp = kernel.units.ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
-        num_units = kernel.units.units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
+        num_units = kernel.units.num_units(seqlen_q, seqlen_k, num_heads, num_batch, window_left)
         for j in cutlass.range(2 * num_units, unroll=1):
             m_block, head, seq, _, _, _, valid = kernel.units.unit_tile(
                 j >> 1, j & 1, seqlen_q, seqlen_k, num_heads, num_batch, window_left,

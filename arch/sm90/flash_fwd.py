@@ -355,9 +355,10 @@ class FlashFwdSm90:
             num_batch = mCuSeqlensQ.shape[0] - 1
         grid = (num_m_blocks, cute.size(mQ.shape[2]), num_batch * num_splits)
         if cutlass.const_expr(self.persistent):
-            ramp = self.units.ramp(num_m_blocks, mQ.shape[0], mK.shape[0], window_left)
-            per_pair = self.units.units_per_pair(num_m_blocks, ramp)
-            num_units = per_pair * cute.size(mQ.shape[2]) * num_batch
+            # (no packed GQA rows on a persistent grid: tile_rows == tile_m, as num_units uses)
+            num_units = self.units.num_units(
+                mQ.shape[0], mK.shape[0], cute.size(mQ.shape[2]), num_batch, window_left
+            )
             grid = (cutlass.min(num_units, self.config.persistent_ctas), 1, 1)
         sections = None
         if cutlass.const_expr(self.l2_sections):

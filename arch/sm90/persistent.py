@@ -104,10 +104,23 @@ class PersistentUnits:
         window_left: Int32,
     ):
         """(unit count, this CTA's first unit, stride) of a persistent grid."""
+        num_units = self.num_units(seqlen_q, seqlen_k, num_heads, num_batch, window_left)
+        return num_units, cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
+
+    @cute.jit
+    def num_units(
+        self,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        num_batch: Int32,
+        window_left: Int32,
+    ):
+        """The work units of a persistent grid over all heads and batches: the device walk's
+        count and the host's grid size (at most one CTA a unit)."""
         num_m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
         ramp = self.ramp(num_m_blocks, seqlen_q, seqlen_k, window_left)
-        num_units = self.units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
-        return num_units, cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
+        return self.units_per_pair(num_m_blocks, ramp) * num_heads * num_batch
 
     @cute.jit
     def unit_tile(
