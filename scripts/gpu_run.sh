@@ -2,7 +2,8 @@
 # One call on the GPU machine: environment info, the GPU tests, a benchmark preset.
 # Full logs go under $OUT (or ./out); the short tables come last on stdout.
 #   bash scripts/gpu_run.sh [pytest -k expression] [bench preset | none]
-# env: TESTS (test files; default forward, backward and varlen backward), MAXFAIL (default 10), BENCH_ARGS
+# env: TESTS (test files; default forward, backward and varlen backward), MAXFAIL (default 10),
+# TEST_TIMEOUT (default 500 s), BENCH_ARGS, BENCH_TIMEOUT (default 400 s)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 KEXPR=${1:-}
@@ -17,7 +18,7 @@ timeout ${TEST_TIMEOUT:-500} python3 -m pytest "${args[@]}" > "$OUT/gpu_tests.lo
 rc=$?
 echo "== gpu tests rc=$rc"; tail -25 "$OUT/gpu_tests.log"
 if [ "$PRESET" != "none" ]; then
-  timeout 400 python3 -m cute_attn bench --preset "$PRESET" --out "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout ${BENCH_TIMEOUT:-400} python3 -m cute_attn bench --preset "$PRESET" --out "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "== bench rc=$?"; tail -45 "$OUT/bench.log"
 fi
 exit $rc
