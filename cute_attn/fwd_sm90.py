@@ -519,22 +519,21 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     """Pack the query heads of a KV head into the tile's rows inside the kernel
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
     query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
-    the tuning rule takes it (tile_config.fwd_pack_gqa, off until measured) or the caller
-    passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: up to 8 query rows, on the packed
-    tiles that have run on the GPU), never with pack_gqa=False, nor for a group larger than
-    the decode tile's rows that they do not divide. A smaller group that does not divide them
-    pads each tile: floor(tile_m / G) positions a tile (FlashFwdSm90.tile_rows)."""
+    the tuning rule takes it (tile_config.fwd_pack_gqa: up to 8 query rows on whole tiles)
+    or the caller passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: where packing was
+    timed and its tiles have run on the GPU), never with pack_gqa=False, nor for a group
+    larger than the decode tile's rows that they do not divide (a rule forced on in a test
+    packs the rest: a smaller group that does not divide them pads each tile,
+    floor(tile_m / G) positions a tile; FlashFwdSm90.tile_rows)."""
     group = p.qhead_per_kvhead
     if group == 1 or p.pack_gqa is False:
         return False
     if seqlen_q == 1 and p.window_left < 0 and not p.varlen:
         return False  # the decode view's (_pack_decode)
-    if not p.pack_gqa and not fwd_pack_gqa(seqlen_q, group):
-        return False
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
     if p.pack_gqa and fwd_pack_gqa_asked(seqlen_q, tile_m, group):
         return True
-    return fwd_pack_gqa(seqlen_q, group) and packed_tile_rows(tile_m, group) is not None
+    return fwd_pack_gqa(seqlen_q, tile_m, group) and packed_tile_rows(tile_m, group) is not None
 
 
 def _pack_decode(p: AttnProblem, seqlen_q: int) -> bool:

@@ -56,7 +56,7 @@ def _clear():
 
 def case(d, h, hkv, sq, splits, window, causal=False, new=True, packed=True, poison=False):
     rule = fwd_sm90.fwd_pack_gqa
-    fwd_sm90.fwd_pack_gqa = lambda seqlen_q, group: packed
+    fwd_sm90.fwd_pack_gqa = lambda seqlen_q, tile_m, group: packed
     _clear()
     try:
         g = torch.Generator(device="cuda").manual_seed(d + h + sq)

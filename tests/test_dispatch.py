@@ -102,12 +102,14 @@ GQA_NOTES = [
     (1, 8, 2, -1, None, False, "share one tile (GQA decode view)"),
     (1, 8, 2, -1, True, False, "share one tile (GQA decode view)"),
     (1, 8, 2, -1, False, False, None),
-    (4, 8, 2, -1, None, False, None),  # the table's rule: off until measured
+    (4, 8, 2, -1, None, False, "the 4 query heads of each KV head packed"),  # the rule
     (4, 8, 2, -1, True, False, "the 4 query heads of each KV head packed"),
     (100, 8, 2, -1, True, False, None),  # 100 query rows: packing not timed there
+    (100, 8, 2, -1, None, False, None),
     (1, 8, 2, 50, True, False, "packed into the tile's rows"),  # no decode view: a left bound
     (4, 8, 2, -1, True, True, "packed into the tile's rows"),  # packed sequences
     (4, 28, 4, -1, True, False, None),  # G = 7: padded tiles, not yet run on a GPU
+    (4, 28, 4, -1, None, False, None),
     (4, 8, 8, -1, True, False, None),  # MHA
 ]
 

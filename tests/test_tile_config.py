@@ -180,11 +180,12 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     # the Sq = 1 host view does not pack (more query rows, a left window, packed sequences)
     # build InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads
     # (groups that do not divide its rows too: the kernel pads the tile); groups past a tile
-    # that it does not divide, MHA and pack_gqa=False stay unpacked. The table
-    # keeps it off until measured.
+    # that it does not divide, MHA and pack_gqa=False stay unpacked. The table's rule packs
+    # what pack_gqa=True asks for (a few query rows, whole tiles).
     from cute_attn import fwd_sm90
 
-    assert not fwd_pack_gqa(4, 4)
+    for sq, tile_m, group in ((4, 64, 4), (1, 64, 8), (8, 128, 16), (4, 64, 7), (9, 64, 4)):
+        assert fwd_pack_gqa(sq, tile_m, group) is fwd_pack_gqa_asked(sq, tile_m, group)
     monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
     monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
     monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
@@ -198,18 +199,19 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
             kvcache=not varlen, varlen=varlen, pack_gqa=pack,
         )  # fmt: skip
 
-    assert not fwd_sm90._pack_gqa_rows(problem(4, 32, 8), 4)  # the table: off
-    # pack_gqa=True asks for it where it was timed (Sq <= 8), on the packed tiles that have
-    # run on the GPU (whole tiles: G divides the decode tile's rows or is a multiple of them)
+    # pack_gqa=True, and the table's rule under None, pack where packing was timed (Sq <= 8),
+    # on the packed tiles that have run on the GPU (whole tiles: G divides the decode tile's
+    # rows or is a multiple of them); False never does
     for sq, h, hkv, asked in ((4, 32, 8, True), (8, 32, 8, True), (9, 32, 8, False),
                               (4096, 32, 8, False), (2, 128, 1, True), (4, 28, 4, False),
                               (4, 40, 8, False), (4, 96, 1, False)):  # fmt: skip
         assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=True), sq) is asked, (sq, h)
-        assert not fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq)
+        assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq) is asked, (sq, h)
+        assert not fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=False), sq)
     p = problem(4, 32, 8, pack=True)
     plan = fwd_sm90._plan(p, cache, 2, 4, 1000, False, 0)
     assert InputFeatures(*plan.fn.features).pack_gqa and plan.scalars[4] == 16
-    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa", lambda seqlen_q, group: True)
+    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa", lambda seqlen_q, tile_m, group: True)
     fwd_sm90._plan.cache_clear()
     cases = [  # (Sq, H, Hkv, left, pack_gqa, packed in the kernel)
         (4, 32, 8, -1, None, True), (4, 32, 8, -1, True, True), (4, 32, 8, -1, False, False),

@@ -647,26 +647,6 @@ def fwd_ragged_cache() -> bool:
     return False
 
 
-def fwd_pack_gqa(seqlen_q: int, group: int) -> bool:
-    """Whether a GQA forward that the Sq = 1 host view does not pack (more than one query
-    row, e.g. speculative decoding, a left window, or packed sequences: seqlen_q is then the
-    longest) packs its query heads into the tile's rows inside the kernel
-    (InputFeatures.pack_gqa): each K/V tile is then read once for the `group` query heads of
-    its KV head instead of once per query head. Built in the fortieth session without a GPU
-    (sm_90a, spill-free; the TMA boxes take (G, positions) as two dimensions). Forced on, 60
-    of its 61 GPU tests passed on the H200; the other was a test bug (its window mode left
-    the entry's causal=True default in place; fixed), and the same call runs correctly
-    packed (scripts/pack_gqa_diag.py; docs/perf/README.md, forty-first session).
-    Measured against unpacked launches (pack_gqa_ab_h200.json, CUDA graphs, 32 / 8 heads,
-    D=128, causal): 2.4-3.5x faster on all nine rows, e.g. B=8 Sk=8k Sq=4 66.7 us against
-    191.0, B=64 489.7 against 1622.7; the unpacked calls ran speculative decoding at 0.49x
-    FA4 (B=8). Groups that do not divide the decode tile's rows (3, 5, 6, 7; e.g. 28 / 4
-    heads) pack into padded tiles since the forty-second session (built and CPU-tested only).
-    Off until the packed tests and CI run again with it on, and the A/B's rows of more query
-    rows (Sq 16..256, dense prefill) bound where it stops paying (scripts/pack_gqa_ab.py)."""
-    return False
-
-
 def packed_tile_rows(tile_m: int, group: int) -> int | None:
     """The rows a query tile of `tile_m` rows takes under packed GQA rows of `group` query heads
     a position (FlashFwdSm90.tile_rows; its TMA boxes over (group, seq) take whole positions):
@@ -696,6 +676,26 @@ def fwd_pack_gqa_asked(seqlen_q: int, tile_m: int, group: int) -> bool:
     if seqlen_q > PACK_GQA_TIMED_SEQLEN_Q:
         return False
     return packed_tile_rows(tile_m, group) == tile_m
+
+
+def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
+    """Whether a GQA forward that the Sq = 1 host view does not pack (more than one query
+    row, e.g. speculative decoding, a left window, or packed sequences: seqlen_q is then the
+    longest) packs its `group` query heads into the rows of its tiles of `tile_m` rows inside
+    the kernel (InputFeatures.pack_gqa): each K/V tile is then read once for the group
+    instead of once per query head. On where packing was timed and its tiles have run on
+    the GPU, the calls pack_gqa=True asks for (fwd_pack_gqa_asked): up to 8 query rows,
+    whole tiles. Timed against unpacked launches (pack_gqa_ab_h200.json, forty-first
+    session, CUDA graphs, 32 / 8 heads, D=128, causal): 2.4-3.5x faster on all nine rows,
+    e.g. B=8 Sk=8k Sq=4 66.7 us against 191.0 (FA4 91 in the spec-decode bench, which ran
+    the unpacked launches at 0.49x FA4), B=64 489.7 against 1622.7; packed sequences of one
+    row 65.6 against 188.3. Forced on, 60 of its 61 GPU tests passed on the H200 and the
+    61st was a test bug (its window mode left the entry's causal=True default in place;
+    fixed; the same call runs correctly packed: scripts/pack_gqa_diag.py). Not yet: padded
+    tiles (G = 3, 5, 6, 7: built and CPU-tested since the forty-second session) and longer
+    query runs (not timed against the prefill tiles; scripts/pack_gqa_ab.py has the rows
+    that bound it: Sq 16..256 over a cache, dense prefill)."""
+    return fwd_pack_gqa_asked(seqlen_q, tile_m, group)
 
 
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
