@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The GPU work the sessions without a lent machine left, in order, for one call on the next
-# machine (after the GPU bundle is unpacked and cute_attn installed there). Each step has its
-# own time limit (500 s in all: the call that unpacks the bundle has 600 s), so a slow one
+# The GPU work the sessions without a lent machine left, for two calls on the next machine
+# (after the GPU bundle is unpacked and cute_attn installed there): `pack_tests spec_bench`
+# in the call that unpacks the bundle's second part (460 s of limits: that call has 600 s),
+# then `inference pack_ab tail_ab` (540 s). Each step has its own time limit, so a slow one
 # cannot starve the rest; full logs and JSON go under $OUT, the tails come last on stdout.
-#   bash scripts/gpu_pending.sh [step ...]     (default: every step, in order)
+#   bash scripts/gpu_pending.sh [step ...]     (default: every step, in that order)
 # steps:
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the fixed window mode)
 #   pack_ab     packed vs unpacked rows that bound the rule's Sq, and padded-group rows
 #   tail_ab     the KV-cache tail A/B (decides tile_config.fwd_ragged_cache)
+#   inference   the other inference GPU tests (tests/test_inference_sm90.py), the rule on
+#   spec_bench  bench --preset spec-decode under CUDA graphs against FA4 and cuDNN
 # What the results decide is in docs/perf/README.md ("Reproduce", the pending block).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pack_tests pack_ab tail_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(pack_tests spec_bench inference pack_ab tail_ab)
 python3 -m cute_attn info > "$OUT/info.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     >> "$OUT/info.txt" 2>&1
@@ -31,6 +34,13 @@ for step in "${steps[@]}"; do
     tail_ab)
       timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_h200.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
+    inference)
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_inference_sm90.py \
+          > "$OUT/gpu_tests_inference.log" 2>&1 ;;
+    spec_bench)
+      timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
+          sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_h200.json" \
+          > "$OUT/bench_spec_decode_graph.log" 2>&1 ;;
     *) echo "unknown step: $step"; exit 2 ;;
   esac
   rcs[$step]=$?
@@ -42,5 +52,7 @@ for step in "${steps[@]}"; do
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
     pack_ab) tail -25 "$OUT/pack_gqa_ab_rows.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
+    inference) tail -15 "$OUT/gpu_tests_inference.log" ;;
+    spec_bench) tail -12 "$OUT/bench_spec_decode_graph.log" ;;
   esac
 done
