@@ -108,9 +108,8 @@ GQA_NOTES = [
     (100, 8, 2, -1, None, False, None),
     (1, 8, 2, 50, True, False, "packed into the tile's rows"),  # no decode view: a left bound
     (4, 8, 2, -1, True, True, "packed into the tile's rows"),  # packed sequences
-    (4, 28, 4, -1, True, False, "packed into the tile's rows"),  # G = 7: padded tiles
-    (4, 28, 4, -1, None, False, "packed into the tile's rows"),
-    (4, 96, 1, -1, None, False, None),  # G = 96: past a tile, not a multiple of it
+    (4, 28, 4, -1, True, False, None),  # G = 7: padded tiles, not yet run on a GPU
+    (4, 28, 4, -1, None, False, None),
     (4, 8, 8, -1, True, False, None),  # MHA
 ]
 

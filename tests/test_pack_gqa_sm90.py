@@ -208,13 +208,13 @@ def test_dense_pack_gqa_rows_grads(pack_gqa_built, sq, kw, heads):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), True)])
+@pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), False)])
 def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
     # pack_gqa=True with the table's rule as it is: speculative rows over a KV cache and
     # through the dense entry pack where packing was timed (Sq <= 8) and the kernel's packed
-    # tiles have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8, and G = 7 on
-    # padded tiles), not for a prefill's 300 rows; dispatch's reason says which, and every
-    # call matches the reference
+    # tiles have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8), not yet where
+    # they pad (G = 7), nor for a prefill's 300 rows; dispatch's reason says which, and
+    # every call matches the reference
     from cute_attn.arch.sm90 import tile_config
 
     from gpu_cases import attn_inputs

@@ -162,13 +162,13 @@ def test_split_cluster_rule_and_plans(monkeypatch):
     fwd_sm90._plan.cache_clear()
 
 
-def test_pack_gqa_asked_takes_timed_tiles():
+def test_pack_gqa_asked_takes_timed_whole_tiles():
     # pack_gqa=True packs where packing was timed (up to 8 query rows) on tiles that have run
-    # on the GPU: G dividing the tile's rows or a multiple of them, and padded tiles (G = 3,
-    # 5, 6, 7); not G = 96 (past a tile, not a multiple of it), nor 9 query rows or more
+    # on the GPU: G dividing the tile's rows or a multiple of them; padded tiles (G = 3, 5,
+    # 6, 7) not yet, nor G = 96, nor 9 query rows or more
     for tile_m, group, asked in ((64, 2, True), (64, 4, True), (64, 8, True), (64, 64, True),
-                                 (64, 128, True), (128, 16, True), (64, 3, True),
-                                 (64, 7, True), (128, 5, True), (64, 96, False)):  # fmt: skip
+                                 (64, 128, True), (128, 16, True), (64, 3, False),
+                                 (64, 7, False), (128, 5, False), (64, 96, False)):  # fmt: skip
         for sq in (1, 2, PACK_GQA_TIMED_SEQLEN_Q):
             assert fwd_pack_gqa_asked(sq, tile_m, group) is asked, (sq, tile_m, group)
         assert not fwd_pack_gqa_asked(PACK_GQA_TIMED_SEQLEN_Q + 1, tile_m, group)
@@ -200,11 +200,11 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
         )  # fmt: skip
 
     # pack_gqa=True, and the table's rule under None, pack where packing was timed (Sq <= 8),
-    # on the packed tiles that have run on the GPU (G divides the decode tile's rows or is a
-    # multiple of them, or pads them: G = 7, 5); False never does
+    # on the packed tiles that have run on the GPU (whole tiles: G divides the decode tile's
+    # rows or is a multiple of them); False never does
     for sq, h, hkv, asked in ((4, 32, 8, True), (8, 32, 8, True), (9, 32, 8, False),
-                              (4096, 32, 8, False), (2, 128, 1, True), (4, 28, 4, True),
-                              (4, 40, 8, True), (4, 96, 1, False)):  # fmt: skip
+                              (4096, 32, 8, False), (2, 128, 1, True), (4, 28, 4, False),
+                              (4, 40, 8, False), (4, 96, 1, False)):  # fmt: skip
         assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=True), sq) is asked, (sq, h)
         assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq) is asked, (sq, h)
         assert not fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=False), sq)

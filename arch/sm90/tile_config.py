@@ -671,11 +671,11 @@ def fwd_pack_gqa_asked(seqlen_q: int, tile_m: int, group: int) -> bool:
     prefill tiles (FA4 packs at any Sq on its own tile), so they stay unpacked. Tested: whole
     tiles (G divides tile_m, or is a multiple of it), 60 of 61 tests forced on passed on the
     H200 and the 61st was a test bug (gpu_tests_inference_s41_h200.log, forty-first session);
-    padded tiles (G = 3, 5, 6, 7 on 64 rows; built in the forty-second session) in the
-    forty-fifth (gpu_tests_pack_gqa_s45_h200.log, pack_gqa_ab_rows_h200.json)."""
+    padded tiles (G = 3, 5, 6, 7 on 64 rows; forty-second session) are built and CPU-tested
+    only: not yet."""
     if seqlen_q > PACK_GQA_TIMED_SEQLEN_Q:
         return False
-    return packed_tile_rows(tile_m, group) is not None
+    return packed_tile_rows(tile_m, group) == tile_m
 
 
 def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
@@ -685,16 +685,16 @@ def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
     the kernel (InputFeatures.pack_gqa): each K/V tile is then read once for the group
     instead of once per query head. On where packing was timed and its tiles have run on
     the GPU, the calls pack_gqa=True asks for (fwd_pack_gqa_asked): up to 8 query rows,
-    whole and padded tiles. Timed against unpacked launches (pack_gqa_ab_h200.json, forty-first
+    whole tiles. Timed against unpacked launches (pack_gqa_ab_h200.json, forty-first
     session, CUDA graphs, 32 / 8 heads, D=128, causal): 2.4-3.5x faster on all nine rows,
     e.g. B=8 Sk=8k Sq=4 66.7 us against 191.0 (FA4 91 in the spec-decode bench, which ran
     the unpacked launches at 0.49x FA4), B=64 489.7 against 1622.7; packed sequences of one
     row 65.6 against 188.3. Forced on, 60 of its 61 GPU tests passed on the H200 and the
     61st was a test bug (its window mode left the entry's causal=True default in place;
-    fixed; the same call runs correctly packed: scripts/pack_gqa_diag.py). Padded tiles
-    (G = 3, 5, 6, 7, e.g. 28 / 4 heads) too since the forty-fifth session. Not yet: longer
-    query runs (not timed against the prefill tiles; scripts/pack_gqa_ab.py has the rows that
-    bound it: Sq 16..256 over a cache, dense prefill)."""
+    fixed; the same call runs correctly packed: scripts/pack_gqa_diag.py). Not yet: padded
+    tiles (G = 3, 5, 6, 7: built and CPU-tested since the forty-second session) and longer
+    query runs (not timed against the prefill tiles; scripts/pack_gqa_ab.py has the rows
+    that bound it: Sq 16..256 over a cache, dense prefill)."""
     return fwd_pack_gqa_asked(seqlen_q, tile_m, group)
 
 
