@@ -519,9 +519,9 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     """Pack the query heads of a KV head into the tile's rows inside the kernel
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
     query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
-    the tuning rule takes it (tile_config.fwd_pack_gqa: up to 8 query rows on whole tiles)
+    the tuning rule takes it (tile_config.fwd_pack_gqa: up to 32 query rows on whole tiles)
     or the caller passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: where packing was
-    timed and its tiles have run on the GPU), never with pack_gqa=False, nor for a group
+    timed, on whole and padded tiles, which have run on the GPU), never with pack_gqa=False, nor for a group
     larger than the decode tile's rows that they do not divide (a rule forced on in a test
     packs the rest: a smaller group that does not divide them pads each tile,
     floor(tile_m / G) positions a tile; FlashFwdSm90.tile_rows)."""

@@ -65,7 +65,9 @@ def _graph_ms(fn, reps: int, inner: int = INNER) -> tuple[float, float]:
 
 
 def one_and_ten_graphs(fn):
-    """CUDA graphs of one call of fn and of ten back-to-back calls (the A/B scripts' pair)."""
+    """CUDA graphs of one call of fn and of ten back-to-back calls (the A/B scripts' pair).
+    The caller keeps fn's input tensors alive while it replays them (a replay reads them
+    where they were at capture; freed, their memory may hold anything by then)."""
     one, _ = capture_graph(fn, warmup=3)
     ten, _ = capture_graph(lambda: [fn() for _ in range(10)], warmup=3)
     return one, ten

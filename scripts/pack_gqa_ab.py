@@ -1,7 +1,7 @@
 """Packed GQA rows for more than one query row, against unpacked launches (H200 helper, not a
 test).
 
-Speculative decoding calls `flash_attn_with_kvcache` with a few query rows (Sq = 2..8) under
+Speculative decoding calls `flash_attn_with_kvcache` with a few query rows (Sq = 2..32) under
 the bottom-right causal corner; a serving engine's decode batch calls `flash_attn_varlen_func`
 with one query row a sequence. Unpacked, each CTA computes one query head's rows and reads its
 KV head's keys; packed (InputFeatures.pack_gqa, tile_config.fwd_pack_gqa forced on here), one
@@ -11,7 +11,8 @@ a read-only call over cache lengths L (the new keys already appended), varlen ro
 sequences of Sq rows over B x L keys, dense rows are causal prefill (Sq = L, flash_attn_func;
 they bound the rule), and varlen Sq = 1 rows add the KV-cache decode of the same data (the
 host's packed decode view) as a third variant. Every variant is checked against the fp32
-reference, then timed under CUDA graphs of one and ten calls in rounds
+reference with the tests' FlashAttention rule (max |out - ref32| <= 2 x the bf16
+reference's error + rounding), then timed under CUDA graphs of one and ten calls in rounds
 (scripts/decode_splits.graph_rounds).
 TB/s counts K + V read once (meaningless for the compute-bound dense rows).
 
@@ -105,11 +106,17 @@ def main():
         kc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16)
         ref = attention_ref(q, kc, vc, causal=True, compute_dtype=torch.float32)[0]
+        same = attention_ref(q, kc, vc, causal=True, compute_dtype=None)[0]
+        # the FlashAttention rule (tests/gpu_cases.assert_matches): a fixed 1e-2 stopped the
+        # first run at the dense 1k causal rows (unpacked 1.05e-2, forty-fifth session)
+        bound = (2 * (same.float() - ref).abs().max().item()
+                 + (ref.to(q.dtype).float() - ref).abs().max().item() + 1e-5)  # fmt: skip
+        del same
         call, view = _calls(entry, q, kc, vc)
         graphs = {}
         if view is not None:
             err = (view()[0].float() - ref).abs().max().item()
-            assert err < 1e-2, (name, "decode-view", err)
+            assert err <= bound, (name, "decode-view", err, bound)
             graphs["decode-view"] = (*one_and_ten_graphs(view), err, 0)
         for label, packed in (("unpacked", False), ("packed", True)):
             rule, build, keys = fwd_sm90.fwd_pack_gqa, fwd_sm90.build_fwd, []
@@ -122,7 +129,7 @@ def main():
                     out = call()[0]
                     err = (out.float() - ref).abs().max().item()
                     flags = {InputFeatures(*key.features).pack_gqa for key in keys}
-                    assert err < 1e-2 and flags == {packed}, (name, label, err, flags)
+                    assert err <= bound and flags == {packed}, (name, label, err, bound, flags)
                     graphs[label] = (*one_and_ten_graphs(call), err, 0)
             finally:
                 fwd_sm90.fwd_pack_gqa, fwd_sm90.build_fwd = rule, build

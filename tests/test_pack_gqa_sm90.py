@@ -42,8 +42,8 @@ from inference_cases import (
 
 @pytest.fixture
 def pack_gqa_built(monkeypatch):
-    """tile_config.fwd_pack_gqa forced on (the table's rule packs whole tiles of up to 8 query
-    rows; forced, every packable call: padded tiles and longer runs too); yields the
+    """tile_config.fwd_pack_gqa forced on (the table's rule packs whole tiles of up to 32
+    query rows; forced, every packable call: padded tiles and longer runs too); yields the
     forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
     with forced_host_rule(
         monkeypatch, "fwd_pack_gqa", lambda seqlen_q, tile_m, group: True
@@ -208,13 +208,13 @@ def test_dense_pack_gqa_rows_grads(pack_gqa_built, sq, kw, heads):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), False)])
+@pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), True)])
 def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
     # pack_gqa=True with the table's rule as it is: speculative rows over a KV cache and
-    # through the dense entry pack where packing was timed (Sq <= 8) and the kernel's packed
-    # tiles have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8), not yet where
-    # they pad (G = 7), nor for a prefill's 300 rows; dispatch's reason says which, and
-    # every call matches the reference
+    # through the dense entry pack where packing was timed (Sq <= 32) on the kernel's packed
+    # tiles that have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8, and 7 on
+    # padded tiles), not for a prefill's 300 rows; dispatch's reason says which, and every
+    # call matches the reference
     from cute_attn.arch.sm90 import tile_config
 
     from gpu_cases import attn_inputs

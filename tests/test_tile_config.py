@@ -162,17 +162,22 @@ def test_split_cluster_rule_and_plans(monkeypatch):
     fwd_sm90._plan.cache_clear()
 
 
-def test_pack_gqa_asked_takes_timed_whole_tiles():
-    # pack_gqa=True packs where packing was timed (up to 8 query rows) on tiles that have run
-    # on the GPU: G dividing the tile's rows or a multiple of them; padded tiles (G = 3, 5,
-    # 6, 7) not yet, nor G = 96, nor 9 query rows or more
-    for tile_m, group, asked in ((64, 2, True), (64, 4, True), (64, 8, True), (64, 64, True),
-                                 (64, 128, True), (128, 16, True), (64, 3, False),
-                                 (64, 7, False), (128, 5, False), (64, 96, False)):  # fmt: skip
-        for sq in (1, 2, PACK_GQA_TIMED_SEQLEN_Q):
+def test_pack_gqa_rule_and_ask_take_timed_rows_on_tested_tiles():
+    # up to PACK_GQA_TIMED_SEQLEN_Q query rows: pack_gqa=True on every tile that has run on
+    # the GPU (G dividing the tile's rows or a multiple of them, and padded tiles: G = 3, 5,
+    # 6, 7), the table's rule on whole tiles only (padded ones not timed); neither for
+    # G = 96 (past a tile, not a multiple of it) nor past the timed rows
+    for tile_m, group, asked, rule in (
+        (64, 2, True, True), (64, 4, True, True), (64, 8, True, True), (64, 64, True, True),
+        (64, 128, True, True), (128, 16, True, True), (64, 3, True, False),
+        (64, 7, True, False), (128, 5, True, False), (64, 96, False, False),
+    ):  # fmt: skip
+        for sq in (1, 2, 16, PACK_GQA_TIMED_SEQLEN_Q):
             assert fwd_pack_gqa_asked(sq, tile_m, group) is asked, (sq, tile_m, group)
-        assert not fwd_pack_gqa_asked(PACK_GQA_TIMED_SEQLEN_Q + 1, tile_m, group)
-        assert not fwd_pack_gqa_asked(4096, tile_m, group)
+            assert fwd_pack_gqa(sq, tile_m, group) is rule, (sq, tile_m, group)
+        for sq in (PACK_GQA_TIMED_SEQLEN_Q + 1, 4096):
+            assert not fwd_pack_gqa_asked(sq, tile_m, group)
+            assert not fwd_pack_gqa(sq, tile_m, group)
 
 
 def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
@@ -180,12 +185,9 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
     # the Sq = 1 host view does not pack (more query rows, a left window, packed sequences)
     # build InputFeatures.pack_gqa on the decode tile, over G x Sq rows of the KV heads
     # (groups that do not divide its rows too: the kernel pads the tile); groups past a tile
-    # that it does not divide, MHA and pack_gqa=False stay unpacked. The table's rule packs
-    # what pack_gqa=True asks for (a few query rows, whole tiles).
+    # that it does not divide, MHA and pack_gqa=False stay unpacked.
     from cute_attn import fwd_sm90
 
-    for sq, tile_m, group in ((4, 64, 4), (1, 64, 8), (8, 128, 16), (4, 64, 7), (9, 64, 4)):
-        assert fwd_pack_gqa(sq, tile_m, group) is fwd_pack_gqa_asked(sq, tile_m, group)
     monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
     monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
     monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
@@ -199,14 +201,16 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
             kvcache=not varlen, varlen=varlen, pack_gqa=pack,
         )  # fmt: skip
 
-    # pack_gqa=True, and the table's rule under None, pack where packing was timed (Sq <= 8),
-    # on the packed tiles that have run on the GPU (whole tiles: G divides the decode tile's
-    # rows or is a multiple of them); False never does
-    for sq, h, hkv, asked in ((4, 32, 8, True), (8, 32, 8, True), (9, 32, 8, False),
-                              (4096, 32, 8, False), (2, 128, 1, True), (4, 28, 4, False),
-                              (4, 40, 8, False), (4, 96, 1, False)):  # fmt: skip
+    # pack_gqa=True and the table's rule under None pack where packing was timed (Sq <= 32):
+    # the rule on whole tiles (G divides the decode tile's rows or is a multiple of them),
+    # pack_gqa=True on padded ones too (G = 7, 5); False never does
+    for sq, h, hkv, asked, rule in (
+        (4, 32, 8, True, True), (32, 32, 8, True, True), (33, 32, 8, False, False),
+        (4096, 32, 8, False, False), (2, 128, 1, True, True), (4, 28, 4, True, False),
+        (4, 40, 8, True, False), (4, 96, 1, False, False),
+    ):  # fmt: skip
         assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=True), sq) is asked, (sq, h)
-        assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq) is asked, (sq, h)
+        assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq) is rule, (sq, h)
         assert not fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=False), sq)
     p = problem(4, 32, 8, pack=True)
     plan = fwd_sm90._plan(p, cache, 2, 4, 1000, False, 0)

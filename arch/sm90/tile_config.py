@@ -657,25 +657,30 @@ def packed_tile_rows(tile_m: int, group: int) -> int | None:
     return tile_m if group % tile_m == 0 else None
 
 
-# the most query rows (a sequence's) at which packed GQA rows have been timed: Sq 1-8 over a
-# KV cache and packed sequences (pack_gqa_ab_h200.json, forty-first session)
-PACK_GQA_TIMED_SEQLEN_Q = 8
+# The most query rows (a sequence's) for which packed GQA rows are taken. H200, 32 / 8 heads,
+# D=128, causal, B=8 over 8k cached keys, CUDA graphs of ten calls, us a call, unpacked /
+# packed: Sq 4 180.1 / 65.1, 16 182.7 / 66.6, 32 180.7 / 79.6, 64 183.9 / 157.9, 128 199.7 /
+# 335.9, 256 392.5 / 663.1 (pack_gqa_ab_rows_h200.json, forty-fifth session; Sq 1-8 also
+# over other batches and packed sequences, 2.4-3.5x: pack_gqa_ab_h200.json, forty-first).
+# Packed, a KV head's G x Sq rows take ceil(G x Sq / tile_m) decode tiles, each reading the
+# keys once; unpacked, its G query heads read them once each (Sq fits a prefill tile). Up
+# to Sq = tile_m / 2 (32 on the 64-row decode tile) packing reads them at most half as
+# often, for any G; at Sq = 64 as often (1.16x measured), past it more often (0.59x at 128).
+PACK_GQA_TIMED_SEQLEN_Q = 32
 
 
 def fwd_pack_gqa_asked(seqlen_q: int, tile_m: int, group: int) -> bool:
     """Whether a call that passes pack_gqa=True packs its query heads into the tile's rows
-    inside the kernel whatever fwd_pack_gqa says: where packing was timed and its tiles of
-    `tile_m` rows have passed their GPU tests. Timed: up to PACK_GQA_TIMED_SEQLEN_Q query rows,
-    2.4-3.5x faster than unpacked launches on all nine rows (pack_gqa_ab_h200.json); longer
-    runs pack on the 64-row decode tile of one consumer warpgroup, not timed against the
-    prefill tiles (FA4 packs at any Sq on its own tile), so they stay unpacked. Tested: whole
-    tiles (G divides tile_m, or is a multiple of it), 60 of 61 tests forced on passed on the
-    H200 and the 61st was a test bug (gpu_tests_inference_s41_h200.log, forty-first session);
-    padded tiles (G = 3, 5, 6, 7 on 64 rows; forty-second session) are built and CPU-tested
-    only: not yet."""
+    inside the kernel whatever fwd_pack_gqa says: up to PACK_GQA_TIMED_SEQLEN_Q query rows
+    (timed, above), on the tiles of `tile_m` rows that have passed their GPU tests (forced
+    on): whole tiles (G divides tile_m, or is a multiple of it; forty-first session, 60 of
+    61 passed and the 61st was a test bug) and padded ones (G = 3, 5, 6, 7 on 64 rows, e.g.
+    28 / 4 heads; 44 of 44 packed tests passed in the forty-fifth session,
+    gpu_tests_pack_gqa_s45_h200.log). Padded tiles have not been timed: the table's rule
+    (fwd_pack_gqa) leaves them out, a caller may ask."""
     if seqlen_q > PACK_GQA_TIMED_SEQLEN_Q:
         return False
-    return packed_tile_rows(tile_m, group) == tile_m
+    return packed_tile_rows(tile_m, group) is not None
 
 
 def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
@@ -683,19 +688,15 @@ def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
     row, e.g. speculative decoding, a left window, or packed sequences: seqlen_q is then the
     longest) packs its `group` query heads into the rows of its tiles of `tile_m` rows inside
     the kernel (InputFeatures.pack_gqa): each K/V tile is then read once for the group
-    instead of once per query head. On where packing was timed and its tiles have run on
-    the GPU, the calls pack_gqa=True asks for (fwd_pack_gqa_asked): up to 8 query rows,
-    whole tiles. Timed against unpacked launches (pack_gqa_ab_h200.json, forty-first
-    session, CUDA graphs, 32 / 8 heads, D=128, causal): 2.4-3.5x faster on all nine rows,
-    e.g. B=8 Sk=8k Sq=4 66.7 us against 191.0 (FA4 91 in the spec-decode bench, which ran
-    the unpacked launches at 0.49x FA4), B=64 489.7 against 1622.7; packed sequences of one
-    row 65.6 against 188.3. Forced on, 60 of its 61 GPU tests passed on the H200 and the
-    61st was a test bug (its window mode left the entry's causal=True default in place;
-    fixed; the same call runs correctly packed: scripts/pack_gqa_diag.py). Not yet: padded
-    tiles (G = 3, 5, 6, 7: built and CPU-tested since the forty-second session) and longer
-    query runs (not timed against the prefill tiles; scripts/pack_gqa_ab.py has the rows
-    that bound it: Sq 16..256 over a cache, dense prefill)."""
-    return fwd_pack_gqa_asked(seqlen_q, tile_m, group)
+    instead of once per query head. On up to PACK_GQA_TIMED_SEQLEN_Q query rows (where it
+    was timed, above) on whole tiles (G divides tile_m or is a multiple of it). H200,
+    `bench --preset spec-decode --graph` with it on (bench_spec_decode_graph_s45_h200.json,
+    32 / 8 heads, D=128, causal, against FA4 in the same run): B=1 Sk=32k Sq=4 39 us (FA4
+    338), B=8 Sk=8k Sq=2 / 4 / 8 66-67 us (FA4 92; unpacked they ran at 186), B=64 484 us
+    (FA4 472; unpacked 1,498). The inference GPU tests (251) and the packed ones (44) pass
+    with it on. Not on padded tiles (G = 3, 5, 6, 7: correct on the GPU, not timed;
+    pack_gqa=True asks for them)."""
+    return seqlen_q <= PACK_GQA_TIMED_SEQLEN_Q and packed_tile_rows(tile_m, group) == tile_m
 
 
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
