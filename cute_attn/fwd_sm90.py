@@ -520,11 +520,10 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
     query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
     the tuning rule takes it (tile_config.fwd_pack_gqa: up to 32 query rows on whole tiles)
-    or the caller passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: where packing was
-    timed, on whole and padded tiles, which have run on the GPU), never with pack_gqa=False, nor for a group
-    larger than the decode tile's rows that they do not divide (a rule forced on in a test
-    packs the rest: a smaller group that does not divide them pads each tile,
-    floor(tile_m / G) positions a tile; FlashFwdSm90.tile_rows)."""
+    or the caller passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: padded tiles too),
+    never with pack_gqa=False, nor for a group larger than the decode tile's rows that they
+    do not divide. A smaller group that does not divide them pads each tile: floor(tile_m /
+    G) positions a tile (FlashFwdSm90.tile_rows)."""
     group = p.qhead_per_kvhead
     if group == 1 or p.pack_gqa is False:
         return False

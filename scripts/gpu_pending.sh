@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# The GPU work the sessions without a lent machine left, for two calls on the next machine
-# (after the GPU bundle is unpacked and cute_attn installed there): `pack_tests spec_bench`
-# in the call that unpacks the bundle's second part (460 s of limits: that call has 600 s),
-# then `inference pack_ab tail_ab` (540 s). Each step has its own time limit, so a slow one
-# cannot starve the rest; full logs and JSON go under $OUT, the tails come last on stdout.
-#   bash scripts/gpu_pending.sh [step ...]     (default: every step, in that order)
+# GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
+# installed there), by steps; the default is what is still pending, `pack_ab tail_ab` (240 s
+# of limits: one call, the one that unpacks the bundle's second part included). The forty-fifth
+# session ran `pack_tests spec_bench` and `inference pack_ab tail_ab` (docs/perf/README.md).
+# Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
+# go under $OUT, the tails come last on stdout.
+#   bash scripts/gpu_pending.sh [step ...]
 # steps:
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the fixed window mode)
-#   pack_ab     packed vs unpacked rows that bound the rule's Sq, and padded-group rows
+#   pack_ab     packed vs unpacked rows: dense prefill and padded groups (the rows the last
+#               run did not reach; PACK_AB_ROWS overrides them)
 #   tail_ab     the KV-cache tail A/B (decides tile_config.fwd_ragged_cache)
-#   inference   the other inference GPU tests (tests/test_inference_sm90.py), the rule on
+#   inference   the other inference GPU tests (tests/test_inference_sm90.py; 300 s ran 170 of
+#               251 on a cold cache in the forty-fifth session: a call of its own)
 #   spec_bench  bench --preset spec-decode under CUDA graphs against FA4 and cuDNN
 # What the results decide is in docs/perf/README.md ("Reproduce", the pending block).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pack_tests spec_bench inference pack_ab tail_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(pack_ab tail_ab)
 python3 -m cute_attn info > "$OUT/info.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     >> "$OUT/info.txt" 2>&1
@@ -27,15 +30,15 @@ for step in "${steps[@]}"; do
       timeout 260 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
     pack_ab)
-      timeout 150 python3 scripts/pack_gqa_ab.py --rounds 20 --rows b8-8k-q4 b8-8k-q16 \
-          b8-8k-q32 b8-8k-q64 b8-8k-q128 b8-8k-q256 dense-b8-1k dense-b2-4k g7-b8-8k-q4 \
-          g5-b8-8k-q4 g7-varlen-b64-2k-q4 --out "$OUT/pack_gqa_ab_rows_h200.json" \
-          > "$OUT/pack_gqa_ab_rows.log" 2>&1 ;;
+      read -r -a rows <<< "${PACK_AB_ROWS:-dense-b8-1k dense-b2-4k g7-b8-8k-q4 g5-b8-8k-q4 \
+          g7-varlen-b64-2k-q4}"
+      timeout 150 python3 scripts/pack_gqa_ab.py --rounds 20 --rows "${rows[@]}" \
+          --out "$OUT/pack_gqa_ab_rows_h200.json" > "$OUT/pack_gqa_ab_rows.log" 2>&1 ;;
     tail_ab)
       timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_h200.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
     inference)
-      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_inference_sm90.py \
+      timeout 450 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_inference_sm90.py \
           > "$OUT/gpu_tests_inference.log" 2>&1 ;;
     spec_bench)
       timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
