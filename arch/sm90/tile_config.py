@@ -692,10 +692,10 @@ def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
     was timed, above) on whole tiles (G divides tile_m or is a multiple of it). H200,
     `bench --preset spec-decode --graph` with it on (bench_spec_decode_graph_s45_h200.json,
     32 / 8 heads, D=128, causal, against FA4 in the same run): B=1 Sk=32k Sq=4 39 us (FA4
-    338), B=8 Sk=8k Sq=2 / 4 / 8 66-67 us (FA4 92; unpacked they ran at 186), B=64 484 us
-    (FA4 472; unpacked 1,498). The inference GPU tests (251) and the packed ones (44) pass
-    with it on. Not on padded tiles (G = 3, 5, 6, 7: correct on the GPU, not timed;
-    pack_gqa=True asks for them)."""
+    338), B=8 Sk=8k Sq=2 / 4 / 8 66-67 us (FA4 92; unpacked, 186 in the forty-first
+    session's bench), B=64 484 us (FA4 472; unpacked 1,498). The inference GPU tests (251)
+    and the packed ones (44) pass with it on. Not on padded tiles (G = 3, 5, 6, 7: correct
+    on the GPU, not timed; pack_gqa=True asks for them)."""
     return seqlen_q <= PACK_GQA_TIMED_SEQLEN_Q and packed_tile_rows(tile_m, group) == tile_m
 
 
