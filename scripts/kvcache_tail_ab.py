@@ -49,7 +49,7 @@ def main():
         # replay reads its inputs where they were at capture, and until the forty-fifth
         # session each variant's lengths were freed when the next was built, so all but the
         # last variant of a row replayed over reused memory (b1-32k timed 5.4 us a call,
-        # 24 TB/s; kvcache_tail_ab_s45_h200.log, and B=64's 88 us in the forty-first)
+        # 24 TB/s; kvcache_tail_ab_s45_h200.log; most likely B=64's 88 us in the forty-first)
         graphs, keep = {}, []
         for label, length, ragged in (
             ("full", n, False),
