@@ -641,8 +641,10 @@ def fwd_ragged_cache() -> bool:
     (varlen_ragged_v_ab_h200.json); on caches it is built (sm_90a, spill-free: the decode
     variant drops from 2,848 to 2,056 SASS instructions), and its GPU tests (forced on) passed
     on the H200 (forty-first session), but its only timing there reused the first variant's
-    launcher (the A/B swap left the KV-cache memo in place), so off until
-    scripts/kvcache_tail_ab.py (`ragged` rows) runs again.
+    launcher (the A/B swap left the KV-cache memo in place), and the forty-fifth session's
+    rerun replayed freed cache lengths (void but for each row's last variant; the script
+    keeps them alive since), so off until scripts/kvcache_tail_ab.py (`ragged` rows) runs
+    again.
     Turning it on: the dense-cache rows of cute_attn.aot.FWD_INPUTS take ragged_cache too."""
     return False
 
