@@ -77,6 +77,9 @@ FWD_INPUTS = (
                                 "decode": True, "mask": "causal"}),
     ("pack_gqa varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True, "pack_gqa": True,
                          "decode": True, "mask": "causal"}),
+    # and on the two-CTAs-per-SM decode tile, where tile_config.fwd_pack_gqa_wide takes it
+    ("pack_gqa kvcache wide", {"seqused_k": True, "pack_gqa": True, "decode": True,
+                               "wide": True, "mask": "causal"}),
     # the long-query bucket (tile_config.fills_tall_tiles): D=64 gets 192-row tiles
     ("tall", {"tall": True}),
     # the persistent grid of dense forwards (tile_config.fwd_persistent; D <= 128), built for
@@ -161,6 +164,7 @@ def _variant_problems(head_dims, dtypes, heads):
         SUPPORTED_HEAD_DIMS,
         bwd_group_heads,
         bwd_short_rows,
+        fwd_pack_gqa_wide,
         fwd_persistent,
         fwd_split_cluster,
     )
@@ -205,6 +209,8 @@ def _variant_problems(head_dims, dtypes, heads):
             # packed GQA rows only where the runtime rule can pick them (a few query rows; a
             # group below the decode tile's rows, or a multiple of them)
             if inputs.get("pack_gqa") and not _pack_gqa_rows(p, 2):
+                continue
+            if inputs.get("pack_gqa") and inputs.get("wide") and not fwd_pack_gqa_wide():
                 continue
             # cluster-merged splits only where the runtime rule can pick them
             if inputs.get("split_cluster") and not fwd_split_cluster(2, dv):

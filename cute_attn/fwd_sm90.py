@@ -10,11 +10,11 @@ Entry points: `run_fwd` (dense), `run_fwd_varlen` (packed by cu_seqlens), `run_f
 the key range over CTAs (split-KV: fp32 partials, then the combine kernel; two splits merge
 inside a thread-block cluster instead, `tile_config.fwd_split_cluster`); decode-shaped calls
 (one query row, GQA) pack the query heads of a KV head into the rows of one tile (a host
-view); other GQA calls may pack them inside the kernel (`_pack_gqa_rows`, off in the table
-until measured). Paged k / v (varlen and KV-cache entries) are read page by page by TMA when
-a key tile fits a page (`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16,
-48, 64, 128, 256); other page sizes (1-15, 200, ...) are first gathered into a dense copy by
-torch (`paged_route`).
+view); other GQA calls of up to 32 query rows pack them inside the kernel (`_pack_gqa_rows`,
+tile_config.fwd_pack_gqa), on the decode view's tiles (`_plan`'s `wide`). Paged k / v
+(varlen and KV-cache entries) are read page by page by TMA when a key tile fits a page
+(`paged_tile_n`: page sizes with a multiple-of-16 divisor, e.g. 16, 48, 64, 128, 256); other
+page sizes (1-15, 200, ...) are first gathered into a dense copy by torch (`paged_route`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .arch.sm90.tile_config import (
     fills_two_ctas_per_sm,
     fwd_num_splits,
     fwd_pack_gqa,
-    fwd_pack_gqa_asked,
+    fwd_pack_gqa_wide,
     fwd_persistent,
     fwd_ragged_cache,
     fwd_split_cluster,
@@ -128,6 +128,9 @@ _WIDE_INPUTS = frozenset({
     InputFeatures(seqused_k=True, ragged_cache=True),
     InputFeatures(seqused_k=True, kv_batch_idx=True, ragged_cache=True),
 })  # fmt: skip
+# In-kernel packed GQA rows (tile_config.fwd_pack_gqa_wide) may take it from these, packed
+# sequences included (a serving engine's decode batch through the varlen entry).
+_WIDE_PACKED_INPUTS = _WIDE_INPUTS | {InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)}
 
 
 def _cache_features(v_cache, *, batch_idx: bool, paged: bool) -> InputFeatures:
@@ -416,11 +419,14 @@ def _plan(
         batch, rows, heads, seqlen_k, num_sms, tall,
     )  # fmt: skip
     # a split decode grid, or an unsplit one that fills two CTAs per SM, takes that tile
-    # (tile_m 64 either way, so the split count above stands)
+    # (tile_m 64 either way, so the split count above stands); in-kernel packed rows where
+    # tile_config.fwd_pack_gqa_wide says so, a padded group's tiles holding fewer rows
+    tile_rows = packed_tile_rows(64, p.qhead_per_kvhead) if features.pack_gqa else 64
+    ctas = batch * heads * -(-rows // tile_rows)
     wide = (
-        pack and features in _WIDE_INPUTS
-        and (splits > 1 or fills_two_ctas_per_sm(batch * heads * -(-rows // 64), num_sms))
-    )  # fmt: skip
+        features in _WIDE_INPUTS if pack else features.pack_gqa and fwd_pack_gqa_wide()
+        and dataclasses.replace(features, pack_gqa=False) in _WIDE_PACKED_INPUTS
+    ) and (splits > 1 or fills_two_ctas_per_sm(ctas, num_sms))  # fmt: skip
     feats = features
     if splits > 1:
         feats = dataclasses.replace(
@@ -519,19 +525,17 @@ def _pack_gqa_rows(p: AttnProblem, seqlen_q: int) -> bool:
     """Pack the query heads of a KV head into the tile's rows inside the kernel
     (InputFeatures.pack_gqa), for a GQA call the decode view does not pack (more than one
     query row, a left window, or packed sequences; seqlen_q: the longest one's rows): where
-    the tuning rule takes it (tile_config.fwd_pack_gqa: up to 32 query rows on whole tiles)
-    or the caller passed pack_gqa=True (tile_config.fwd_pack_gqa_asked: padded tiles too),
-    never with pack_gqa=False, nor for a group larger than the decode tile's rows that they
-    do not divide. A smaller group that does not divide them pads each tile: floor(tile_m /
-    G) positions a tile (FlashFwdSm90.tile_rows)."""
+    the tuning rule takes it (tile_config.fwd_pack_gqa: up to 32 query rows; pack_gqa=True
+    asks for no more than None does), never with pack_gqa=False, nor for a group larger than
+    the decode tile's rows that they do not divide (the guard holds under a forced rule
+    too). A smaller group that does not divide them pads each tile: floor(tile_m / G)
+    positions a tile (FlashFwdSm90.tile_rows)."""
     group = p.qhead_per_kvhead
     if group == 1 or p.pack_gqa is False:
         return False
     if seqlen_q == 1 and p.window_left < 0 and not p.varlen:
         return False  # the decode view's (_pack_decode)
     tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.causal, p.is_local, True).tile_m
-    if p.pack_gqa and fwd_pack_gqa_asked(seqlen_q, tile_m, group):
-        return True
     return fwd_pack_gqa(seqlen_q, tile_m, group) and packed_tile_rows(tile_m, group) is not None
 
 

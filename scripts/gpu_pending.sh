@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `pack_ab tail_ab` (240 s
-# of limits: one call, the one that unpacks the bundle's second part included). The forty-fifth
-# session ran `pack_tests spec_bench` and `inference pack_ab tail_ab` (docs/perf/README.md).
+# installed there), by steps; the default is what is still pending, `spec_bench` on an H200
+# (the forty-sixth session had an H100 only and ran every step there: docs/perf/README.md).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
-# go under $OUT, the tails come last on stdout.
+# go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
-#   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the fixed window mode)
-#   pack_ab     packed vs unpacked rows: dense prefill and padded groups (the rows the last
-#               run did not reach; PACK_AB_ROWS overrides them)
-#   tail_ab     the KV-cache tail A/B (decides tile_config.fwd_ragged_cache)
-#   inference   the other inference GPU tests (tests/test_inference_sm90.py; 300 s ran 170 of
-#               251 on a cold cache in the forty-fifth session: a call of its own)
+#   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
+#   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
+#               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
+#               and fwd_pack_gqa_wide rest on
+#   tail_ab     the KV-cache tail A/B (what tile_config.fwd_ragged_cache rests on)
+#   inference   the other inference GPU tests (tests/test_inference_sm90.py; 450 s ran 243 of
+#               251 on a cold cache in the forty-sixth session: a call of its own)
 #   spec_bench  bench --preset spec-decode under CUDA graphs against FA4 and cuDNN
-# What the results decide is in docs/perf/README.md ("Reproduce", the pending block).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pack_ab tail_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(spec_bench)
+# the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+      | grep -o -i 'h[0-9]00' | tr 'H' 'h')
+gpu=${gpu:-gpu}
 python3 -m cute_attn info > "$OUT/info.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     >> "$OUT/info.txt" 2>&1
@@ -27,22 +30,22 @@ declare -A rcs
 for step in "${steps[@]}"; do
   case "$step" in
     pack_tests)
-      timeout 260 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
     pack_ab)
-      read -r -a rows <<< "${PACK_AB_ROWS:-dense-b8-1k dense-b2-4k g7-b8-8k-q4 g5-b8-8k-q4 \
-          g7-varlen-b64-2k-q4}"
-      timeout 150 python3 scripts/pack_gqa_ab.py --rounds 20 --rows "${rows[@]}" \
-          --out "$OUT/pack_gqa_ab_rows_h200.json" > "$OUT/pack_gqa_ab_rows.log" 2>&1 ;;
+      read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
+          g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
+      timeout 240 python3 scripts/pack_gqa_ab.py --rounds 20 --wide --rows "${rows[@]}" \
+          --out "$OUT/pack_gqa_ab_wide_$gpu.json" > "$OUT/pack_gqa_ab_wide.log" 2>&1 ;;
     tail_ab)
-      timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_h200.json" \
+      timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_$gpu.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
     inference)
       timeout 450 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_inference_sm90.py \
           > "$OUT/gpu_tests_inference.log" 2>&1 ;;
     spec_bench)
       timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
-          sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_h200.json" \
+          sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_$gpu.json" \
           > "$OUT/bench_spec_decode_graph.log" 2>&1 ;;
     *) echo "unknown step: $step"; exit 2 ;;
   esac
@@ -53,7 +56,7 @@ for step in "${steps[@]}"; do
   echo "== $step rc=${rcs[$step]}"
   case "$step" in
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
-    pack_ab) tail -25 "$OUT/pack_gqa_ab_rows.log" ;;
+    pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
     inference) tail -15 "$OUT/gpu_tests_inference.log" ;;
     spec_bench) tail -12 "$OUT/bench_spec_decode_graph.log" ;;

@@ -16,7 +16,10 @@ reference's error + rounding), then timed under CUDA graphs of one and ten calls
 (scripts/decode_splits.graph_rounds).
 TB/s counts K + V read once (meaningless for the compute-bound dense rows).
 
-    python3 scripts/pack_gqa_ab.py [--rounds 50] [--rows NAME ...] [--out FILE.json]
+With --wide, a third variant packs onto the two-CTAs-per-SM decode tile
+(tile_config.fwd_pack_gqa_wide forced on; "packed" forces it off), in its grid buckets.
+
+    python3 scripts/pack_gqa_ab.py [--rounds 50] [--rows NAME ...] [--wide] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from decode_splits import _TableSwap, graph_rounds, one_and_ten_graphs  # noqa: 
 import cute_attn  # noqa: E402
 from cute_attn import fwd_sm90  # noqa: E402
 from cute_attn.arch.common.features import InputFeatures  # noqa: E402
+from cute_attn.arch.sm90.tile_config import FwdTileConfig  # noqa: E402
 from cute_attn.bench import environment  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
@@ -96,6 +100,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--wide", action="store_true", help="add packed rows on the wide tile")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
@@ -118,10 +123,15 @@ def main():
             err = (view()[0].float() - ref).abs().max().item()
             assert err <= bound, (name, "decode-view", err, bound)
             graphs["decode-view"] = (*one_and_ten_graphs(view), err, 0)
-        for label, packed in (("unpacked", False), ("packed", True)):
-            rule, build, keys = fwd_sm90.fwd_pack_gqa, fwd_sm90.build_fwd, []
-            # the rule forced either way (the memos are cleared around each variant)
+        variants = [("unpacked", False, False), ("packed", True, False)]
+        if args.wide:
+            variants.append(("packed-wide", True, True))
+        for label, packed, wide in variants:
+            rule, wide_rule = fwd_sm90.fwd_pack_gqa, fwd_sm90.fwd_pack_gqa_wide
+            build, keys = fwd_sm90.build_fwd, []
+            # the rules forced either way (the memos are cleared around each variant)
             fwd_sm90.fwd_pack_gqa = lambda seqlen_q, tile_m, group, p=packed: p
+            fwd_sm90.fwd_pack_gqa_wide = lambda w=wide: w
             fwd_sm90.build_fwd = lambda key, keys=keys, build=build: (keys.append(key),
                                                                      build(key))[1]  # fmt: skip
             try:
@@ -129,10 +139,17 @@ def main():
                     out = call()[0]
                     err = (out.float() - ref).abs().max().item()
                     flags = {InputFeatures(*key.features).pack_gqa for key in keys}
+                    # the wide tile is the one with two CTAs an SM
+                    two = {FwdTileConfig(*key.tile).ctas_per_sm == 2 for key in keys}
                     assert err <= bound and flags == {packed}, (name, label, err, bound, flags)
+                    if packed and two != {wide}:  # outside the wide tile's inputs / buckets
+                        assert wide and two == {False}, (name, label, two)
+                        print(f"{name}: no wide tile here", flush=True)
+                        continue
                     graphs[label] = (*one_and_ten_graphs(call), err, 0)
             finally:
-                fwd_sm90.fwd_pack_gqa, fwd_sm90.build_fwd = rule, build
+                fwd_sm90.fwd_pack_gqa, fwd_sm90.fwd_pack_gqa_wide = rule, wide_rule
+                fwd_sm90.build_fwd = build
         rows += graph_rounds(name, graphs, b * n * hkv * d * 2 * 2, args.rounds, width=11)
         if args.out:  # after every row: a run cut short by its time limit keeps what it timed
             json.dump(dict(environment=environment(torch.device("cuda")), rows=rows),

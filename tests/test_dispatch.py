@@ -108,8 +108,9 @@ GQA_NOTES = [
     (100, 8, 2, -1, None, False, None),
     (1, 8, 2, 50, True, False, "packed into the tile's rows"),  # no decode view: a left bound
     (4, 8, 2, -1, True, True, "packed into the tile's rows"),  # packed sequences
-    (4, 28, 4, -1, True, False, "packed into the tile's rows"),  # G = 7: padded tiles,
-    (4, 28, 4, -1, None, False, None),  # correct on the GPU, not timed: asked for only
+    (4, 28, 4, -1, True, False, "packed into the tile's rows"),  # G = 7: padded tiles
+    (4, 28, 4, -1, None, False, "the 7 query heads of each KV head packed"),
+    (4, 28, 4, -1, False, False, None),
     (4, 96, 1, -1, True, False, None),  # G = 96: past a tile, not a multiple of it
     (4, 8, 8, -1, True, False, None),  # MHA
 ]
@@ -117,8 +118,8 @@ GQA_NOTES = [
 
 @pytest.mark.parametrize("sq,h,hkv,left,pack,varlen,note", GQA_NOTES)
 def test_sm90_says_how_gqa_heads_share_tiles(fake_arch, sq, h, hkv, left, pack, varlen, note):
-    # the table's rule (tile_config.fwd_pack_gqa) and pack_gqa=True (fwd_pack_gqa_asked: also
-    # padded tiles) pack a few query rows in the kernel; the reason says what the launch does
+    # the table's rule (tile_config.fwd_pack_gqa; pack_gqa=True asks for no more) packs a few
+    # query rows in the kernel, padded tiles too; the reason says what the launch does
     fake_arch("sm_90a")
     p = dataclasses.replace(
         BASE, seqlen_q=sq, num_heads=h, num_heads_kv=hkv, window_left=left, pack_gqa=pack,

@@ -42,9 +42,9 @@ from inference_cases import (
 
 @pytest.fixture
 def pack_gqa_built(monkeypatch):
-    """tile_config.fwd_pack_gqa forced on (the table's rule packs whole tiles of up to 32
-    query rows; forced, every packable call: padded tiles and longer runs too); yields the
-    forward keys built or looked up meanwhile. No plan or memo entry outlives the test."""
+    """tile_config.fwd_pack_gqa forced on (the table's rule packs up to 32 query rows;
+    forced, every packable call: longer runs too); yields the forward keys built or looked up
+    meanwhile. No plan or memo entry outlives the test."""
     with forced_host_rule(
         monkeypatch, "fwd_pack_gqa", lambda seqlen_q, tile_m, group: True
     ) as keys:
@@ -152,6 +152,50 @@ def test_kvcache_paged_pack_gqa_rows(pack_gqa_built, page_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged64"])
+@pytest.mark.parametrize("h,hkv,b", [(32, 8, 17), (28, 4, 34)])
+def test_kvcache_pack_gqa_rows_wide_grid(pack_gqa_built, monkeypatch, h, hkv, b, layout):
+    # speculative rows (Sq = 4) on an unsplit grid that keeps every SM busy with two CTAs
+    # each (136 CTAs: tile_config.fills_two_ctas_per_sm), so packed rows take the decode
+    # view's two-CTAs-per-SM tile (tile_config.fwd_pack_gqa_wide): whole tiles (G = 4) and
+    # padded ones (G = 7), over lengths 0, 1, odd and full, stale cache rows poisoned
+    from cute_attn import fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig, fills_two_ctas_per_sm
+
+    # (the fixture's teardown clears the plans built meanwhile)
+    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa_wide", lambda: True)
+    d, sq, cap = 128, 4, 704
+    assert fills_two_ctas_per_sm(b * hkv, fwd_sm90._num_sms(None))
+    g = cuda_gen(h + b)
+    lens = [(i * 97) % cap for i in range(b)]
+    lens[0], lens[3], lens[5] = cap, 0, 1
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if layout == "paged64":
+        kc, vc, table = paged_cache(b, hkv, d, 64, cap // 64, lens, g)
+        cache = {"page_table": table}
+        ks, vs = dense_rows(kc, table, lens), dense_rows(vc, table, lens)
+    else:
+        rows = list(range(b))[::-1] if layout == "batch_idx" else list(range(b))
+        kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+                  for _ in range(2))  # fmt: skip
+        for c, n_ in zip(rows, lens):
+            kc[c, n_:], vc[c, n_:] = float("inf"), float("nan")
+        cache = {}
+        if layout == "batch_idx":
+            cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
+        ks = [kc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+        vs = [vc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert all(feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+    assert [FwdTileConfig(*k.tile).ctas_per_sm for k in pack_gqa_built] == [2], pack_gqa_built
+    problems = [(q[i : i + 1], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = (torch.cat(x) for x in zip(*dense_refs(problems, causal=True)))
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "sq,sk,dtype,kw,heads",
     [(1, 700, torch.bfloat16, {"window_size": (50, None)}, (32, 8)),
@@ -211,10 +255,9 @@ def test_dense_pack_gqa_rows_grads(pack_gqa_built, sq, kw, heads):
 @pytest.mark.parametrize("heads,packed", [((32, 8), True), ((8, 1), True), ((28, 4), True)])
 def test_pack_gqa_true_asks_for_packed_rows(monkeypatch, heads, packed):
     # pack_gqa=True with the table's rule as it is: speculative rows over a KV cache and
-    # through the dense entry pack where packing was timed (Sq <= 32) on the kernel's packed
-    # tiles that have run on the GPU (tile_config.fwd_pack_gqa_asked: G = 4 and 8, and 7 on
-    # padded tiles), not for a prefill's 300 rows; dispatch's reason says which, and every
-    # call matches the reference
+    # through the dense entry pack where packing was timed (Sq <= 32) on whole tiles (G = 4
+    # and 8) and padded ones (G = 7) alike (tile_config.fwd_pack_gqa), not for a prefill's
+    # 300 rows; dispatch's reason says which, and every call matches the reference
     from cute_attn.arch.sm90 import tile_config
 
     from gpu_cases import attn_inputs
@@ -289,6 +332,25 @@ def test_varlen_decode_paged_pack_gqa_rows(pack_gqa_built, page_size):
     v = torch.cat([x[0] for x in dense_rows(vp, table, lens_k)])
     ref, ref_lse, same = per_sequence_ref(q, k, v, lens_q, lens_k, causal=True)
     assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,hkv,b", [(32, 8, 17), (28, 4, 34)])
+def test_varlen_pack_gqa_rows_wide_grid(pack_gqa_built, monkeypatch, h, hkv, b):
+    # a decode batch through the varlen entry (one query row a sequence, some with a few,
+    # one empty) on an unsplit grid of 136 CTAs: packed rows on the two-CTAs-per-SM decode
+    # tile (tile_config.fwd_pack_gqa_wide), whole tiles (G = 4) and padded ones (G = 7)
+    from cute_attn import fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa_wide", lambda: True)
+    lens_q = [1] * b
+    lens_q[1], lens_q[4], lens_q[6] = 4, 0, 3
+    lens_k = [(i * 131) % 700 + 4 for i in range(b)]
+    lens_k[2] = 1
+    check_varlen(h, hkv, 128, torch.bfloat16, {"causal": True}, 0, lens_q, lens_k, seed=b)
+    assert all(feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+    assert [FwdTileConfig(*k.tile).ctas_per_sm for k in pack_gqa_built] == [2], pack_gqa_built
 
 
 _PACK_GQA_SNIPPET = r"""

@@ -19,7 +19,6 @@ from cute_attn.arch.sm90.tile_config import (
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_pack_gqa,
-    fwd_pack_gqa_asked,
     fwd_split_cluster,
     fwd_tile_config,
     paged_tile_n,
@@ -162,21 +161,17 @@ def test_split_cluster_rule_and_plans(monkeypatch):
     fwd_sm90._plan.cache_clear()
 
 
-def test_pack_gqa_rule_and_ask_take_timed_rows_on_tested_tiles():
-    # up to PACK_GQA_TIMED_SEQLEN_Q query rows: pack_gqa=True on every tile that has run on
-    # the GPU (G dividing the tile's rows or a multiple of them, and padded tiles: G = 3, 5,
-    # 6, 7), the table's rule on whole tiles only (padded ones not timed); neither for
-    # G = 96 (past a tile, not a multiple of it) nor past the timed rows
-    for tile_m, group, asked, rule in (
-        (64, 2, True, True), (64, 4, True, True), (64, 8, True, True), (64, 64, True, True),
-        (64, 128, True, True), (128, 16, True, True), (64, 3, True, False),
-        (64, 7, True, False), (128, 5, True, False), (64, 96, False, False),
+def test_pack_gqa_rule_takes_timed_rows_on_whole_and_padded_tiles():
+    # up to PACK_GQA_TIMED_SEQLEN_Q query rows: every tile the kernel packs (G dividing the
+    # tile's rows or a multiple of them, and padded tiles: G = 3, 5, 6, 7); neither G = 96
+    # (past a tile, not a multiple of it) nor past the timed rows
+    for tile_m, group, rule in (
+        (64, 2, True), (64, 4, True), (64, 8, True), (64, 64, True), (64, 128, True),
+        (128, 16, True), (64, 3, True), (64, 7, True), (128, 5, True), (64, 96, False),
     ):  # fmt: skip
         for sq in (1, 2, 16, PACK_GQA_TIMED_SEQLEN_Q):
-            assert fwd_pack_gqa_asked(sq, tile_m, group) is asked, (sq, tile_m, group)
             assert fwd_pack_gqa(sq, tile_m, group) is rule, (sq, tile_m, group)
         for sq in (PACK_GQA_TIMED_SEQLEN_Q + 1, 4096):
-            assert not fwd_pack_gqa_asked(sq, tile_m, group)
             assert not fwd_pack_gqa(sq, tile_m, group)
 
 
@@ -201,15 +196,14 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
             kvcache=not varlen, varlen=varlen, pack_gqa=pack,
         )  # fmt: skip
 
-    # pack_gqa=True and the table's rule under None pack where packing was timed (Sq <= 32):
-    # the rule on whole tiles (G divides the decode tile's rows or is a multiple of them),
-    # pack_gqa=True on padded ones too (G = 7, 5); False never does
-    for sq, h, hkv, asked, rule in (
-        (4, 32, 8, True, True), (32, 32, 8, True, True), (33, 32, 8, False, False),
-        (4096, 32, 8, False, False), (2, 128, 1, True, True), (4, 28, 4, True, False),
-        (4, 40, 8, True, False), (4, 96, 1, False, False),
+    # the table's rule under None and True packs where packing was timed (Sq <= 32), on
+    # whole tiles (G divides the decode tile's rows or is a multiple of them) and padded ones
+    # (G = 7, 5); False never does
+    for sq, h, hkv, rule in (
+        (4, 32, 8, True), (32, 32, 8, True), (33, 32, 8, False), (4096, 32, 8, False),
+        (2, 128, 1, True), (4, 28, 4, True), (4, 40, 8, True), (4, 96, 1, False),
     ):  # fmt: skip
-        assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=True), sq) is asked, (sq, h)
+        assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=True), sq) is rule, (sq, h)
         assert fwd_sm90._pack_gqa_rows(problem(sq, h, hkv), sq) is rule, (sq, h)
         assert not fwd_sm90._pack_gqa_rows(problem(sq, h, hkv, pack=False), sq)
     p = problem(4, 32, 8, pack=True)
@@ -247,6 +241,52 @@ def test_plan_packs_gqa_rows_where_the_rule_takes_them(monkeypatch):
         assert fwd_sm90._pack_gqa_rows(p, sq)
         plan = fwd_sm90._plan(p, packed_q, 6, sq, 1000, False, 0)
         assert InputFeatures(*plan.fn.features).pack_gqa and plan.scalars[4] == 4 * sq
+    fwd_sm90._plan.cache_clear()
+
+
+def test_plan_packed_rows_take_the_wide_tile_where_the_rule_does(monkeypatch):
+    # _plan: in-kernel packed GQA rows take the two-CTAs-per-SM decode tile (D=128) where
+    # tile_config.fwd_pack_gqa_wide says so, in the decode view's buckets (split grids, and
+    # unsplit grids that fill two CTAs an SM, counting a padded group's fewer rows a tile)
+    # and over its inputs plus packed sequences; never where the rule says no
+    from cute_attn import fwd_sm90
+
+    monkeypatch.setattr(fwd_sm90, "build_fwd", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "build_combine", lambda key: key)
+    monkeypatch.setattr(fwd_sm90, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa", lambda seqlen_q, tile_m, group: True)
+    cache = InputFeatures(seqused_k=True)
+    paged = InputFeatures(seqused_k=True, paged_kv=True)
+    packed_q = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)
+    used_q = InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True, seqused_q=True)
+
+    def ctas_per_sm(rule, feats, b, sq, h, hkv, d=128):
+        monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa_wide", lambda: rule)
+        fwd_sm90._plan.cache_clear()
+        p = AttnProblem(
+            batch=b, seqlen_q=sq, seqlen_k=8192, num_heads=h, num_heads_kv=hkv, head_dim=d,
+            head_dim_v=d, dtype="bfloat16", device_type="cuda", device_index=0,
+            softmax_scale=0.1, causal=True, window_left=-1, window_right=0, softcap=0.0,
+            kvcache=not feats.cu_seqlens_q, varlen=feats.cu_seqlens_q,
+            paged=feats.paged_kv, page_size=64 if feats.paged_kv else 0,
+        )  # fmt: skip
+        plan = fwd_sm90._plan(p, feats, b, sq, 8192, False, 0)
+        assert InputFeatures(*plan.fn.features).pack_gqa
+        return FwdTileConfig(*plan.fn.tile).ctas_per_sm
+
+    for feats, b, sq, h, hkv, wide in (
+        (cache, 64, 4, 32, 8, True),  # 512 CTAs, unsplit: fills two a SM
+        (cache, 8, 4, 32, 8, True),  # 64 CTAs: split
+        (paged, 64, 4, 32, 8, True),
+        (cache, 17, 4, 32, 8, True),  # 136 CTAs
+        (cache, 34, 4, 28, 4, True),  # G = 7: 9 positions a tile, 136 CTAs
+        (cache, 34, 16, 28, 4, False),  # 112 rows: 2 tiles, 272 CTAs (a worse last wave)
+        (packed_q, 17, 1, 32, 8, True),
+        (used_q, 17, 1, 32, 8, False),  # not among the inputs
+    ):  # fmt: skip
+        assert ctas_per_sm(True, feats, b, sq, h, hkv) == (2 if wide else 1), (feats, b, sq, h)
+        assert ctas_per_sm(False, feats, b, sq, h, hkv) == 1, (feats, b, sq, h)
+    assert ctas_per_sm(True, cache, 64, 4, 32, 8, d=64) == 1  # the wide tile is D=128's
     fwd_sm90._plan.cache_clear()
 
 

@@ -642,9 +642,12 @@ def fwd_ragged_cache() -> bool:
     variant drops from 2,848 to 2,056 SASS instructions), and its GPU tests (forced on) passed
     on the H200 (forty-first session), but its only timing there reused the first variant's
     launcher (the A/B swap left the KV-cache memo in place), and the forty-fifth session's
-    rerun replayed freed cache lengths (void but for each row's last variant; the script
-    keeps them alive since), so off until scripts/kvcache_tail_ab.py (`ragged` rows) runs
-    again.
+    rerun replayed freed cache lengths (void but for each row's last variant). Its fixed
+    rerun (forty-sixth session, an H100: kvcache_tail_ab_s46_h100.json, CUDA graphs of ten
+    calls, us a call, L and L - 1 keys with smem zeroing, then with the ragged view): B=1
+    Sk=32k 50.7 / 50.7 and 50.6 / 50.6, B=8 8k 92.4 / 92.5 and 92.6 / 92.6, B=64 8k 695.8 /
+    694.9 and 694.5 / 694.5: no difference past run-to-run spread (the partial tile itself
+    costs nothing measurable), so it stays off (one variant fewer to build).
     Turning it on: the dense-cache rows of cute_attn.aot.FWD_INPUTS take ragged_cache too."""
     return False
 
@@ -671,34 +674,38 @@ def packed_tile_rows(tile_m: int, group: int) -> int | None:
 PACK_GQA_TIMED_SEQLEN_Q = 32
 
 
-def fwd_pack_gqa_asked(seqlen_q: int, tile_m: int, group: int) -> bool:
-    """Whether a call that passes pack_gqa=True packs its query heads into the tile's rows
-    inside the kernel whatever fwd_pack_gqa says: up to PACK_GQA_TIMED_SEQLEN_Q query rows
-    (timed, above), on the tiles of `tile_m` rows that have passed their GPU tests (forced
-    on): whole tiles (G divides tile_m, or is a multiple of it; forty-first session, 60 of
-    61 passed and the 61st was a test bug) and padded ones (G = 3, 5, 6, 7 on 64 rows, e.g.
-    28 / 4 heads; 44 of 44 packed tests passed in the forty-fifth session,
-    gpu_tests_pack_gqa_s45_h200.log). Padded tiles have not been timed: the table's rule
-    (fwd_pack_gqa) leaves them out, a caller may ask."""
-    if seqlen_q > PACK_GQA_TIMED_SEQLEN_Q:
-        return False
-    return packed_tile_rows(tile_m, group) is not None
-
-
 def fwd_pack_gqa(seqlen_q: int, tile_m: int, group: int) -> bool:
     """Whether a GQA forward that the Sq = 1 host view does not pack (more than one query
     row, e.g. speculative decoding, a left window, or packed sequences: seqlen_q is then the
     longest) packs its `group` query heads into the rows of its tiles of `tile_m` rows inside
     the kernel (InputFeatures.pack_gqa): each K/V tile is then read once for the group
     instead of once per query head. On up to PACK_GQA_TIMED_SEQLEN_Q query rows (where it
-    was timed, above) on whole tiles (G divides tile_m or is a multiple of it). H200,
-    `bench --preset spec-decode --graph` with it on (bench_spec_decode_graph_s45_h200.json,
-    32 / 8 heads, D=128, causal, against FA4 in the same run): B=1 Sk=32k Sq=4 39 us (FA4
-    338), B=8 Sk=8k Sq=2 / 4 / 8 66-67 us (FA4 92; unpacked, 186 in the forty-first
-    session's bench), B=64 484 us (FA4 472; unpacked 1,498). The inference GPU tests (251)
-    and the packed ones (44) pass with it on. Not on padded tiles (G = 3, 5, 6, 7: correct
-    on the GPU, not timed; pack_gqa=True asks for them)."""
-    return seqlen_q <= PACK_GQA_TIMED_SEQLEN_Q and packed_tile_rows(tile_m, group) == tile_m
+    was timed, above), on whole tiles (G divides tile_m or is a multiple of it) and padded
+    ones (G = 3, 5, 6, 7 on 64 rows, e.g. 28 / 4 heads: floor(tile_m / G) positions a tile).
+    Whole tiles, H200, `bench --preset spec-decode --graph` against FA4 in the same run
+    (bench_spec_decode_graph_s45_h200.json, 32 / 8 heads, D=128, causal): B=1 Sk=32k Sq=4 39 us
+    (FA4 338), B=8 Sk=8k Sq=2 / 4 / 8 66-67 us (FA4 92; unpacked, 186 in the forty-first
+    session's bench), B=64 484 us (FA4 472; unpacked 1,498). Padded tiles, H100 (the only
+    machine lent in the forty-sixth session), Sq=4, CUDA graphs of ten calls, us a call,
+    unpacked / packed (pack_gqa_ab_wide_h100.json): 28 / 4 heads B=8 Sk=8k 176.6 / 53.7, 40
+    / 8 heads B=8 Sk=8k 264.2 / 95.6, 28 / 4 heads over 64 packed sequences of 2k keys
+    352.1 / 98.5. The GPU tests pass with it on (forty-sixth session, H100: the packed 52,
+    the inference 251, the GQA forward and backward 144)."""
+    return seqlen_q <= PACK_GQA_TIMED_SEQLEN_Q and packed_tile_rows(tile_m, group) is not None
+
+
+def fwd_pack_gqa_wide() -> bool:
+    """Whether in-kernel packed GQA rows (InputFeatures.pack_gqa) take the packed decode view's
+    two-CTAs-per-SM tile (`wide`: 64 keys x 2 stages, D=128) in the same grid buckets (split
+    grids, and unsplit ones for which fills_two_ctas_per_sm holds) and over the same inputs
+    plus packed sequences (fwd_sm90._WIDE_PACKED_INPUTS). H100 (forty-sixth session), D=128,
+    causal, CUDA graphs of ten calls, round-robin, us a call, packed on the tile of
+    fwd_tile_config's decode branch / on this one (pack_gqa_ab_wide_h100.json): Sq=4 over
+    8k keys, 32 / 8 heads B=64 727.4 / 696.4 (unsplit, 512 CTAs), B=8 96.0 / 93.0 (2
+    splits); 28 / 4 heads B=8 53.7 / 51.7, 40 / 8 B=8 95.6 / 92.1; B=1 Sk=32k 53.1 / 50.7
+    (16 splits); packed sequences, 64 of one row over 8k keys 724.5 / 694.2 (the KV-cache
+    decode view: 694.2), 28 / 4 heads 64 of 4 rows over 2k 98.5 / 95.0."""
+    return True
 
 
 # the portable thread-block cluster size: the most splits the kernel merges in a cluster
