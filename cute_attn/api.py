@@ -146,10 +146,10 @@ def flash_attn_func(
     CUDA fp16/bf16 inputs run the cute_attn kernel for the device (SM90); CPU inputs of any
     float dtype run the reference. `fallback="reference"` lets an unserved CUDA call run the
     slow reference instead of raising. `cute_attn.last_dispatch()` says what ran.
-    num_splits: key-range splits (0: the tuning table's). pack_gqa: None lets the table decide
-    whether a GQA call's query heads share the kernel's tile rows, True asks for it (up to 32
-    query rows, where it was timed, on packed tiles that have run on the GPU, padded ones
-    too), False keeps them apart (docs/contract.md).
+    num_splits: key-range splits (0: the tuning table's). pack_gqa: None (and True, which
+    asks for no more) lets the table decide whether a GQA call's query heads share the
+    kernel's tile rows (up to 32 query rows, where it was timed), False keeps them apart
+    (docs/contract.md).
     """
     knobs = (softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, deterministic,
              fallback)  # fmt: skip
