@@ -369,13 +369,16 @@ def _sm_count(index: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _num_splits(
     num_splits, d, dv, causal, local, decode, page_size, batch, rows, heads, seqlen_k, num_sms,
-    tall=False,
+    tall=False, group=1,
 ):  # fmt: skip
-    """The user's num_splits, or (0) the tuning table's choice for this grid."""
+    """The user's num_splits, or (0) the tuning table's choice for this grid; `group`: the
+    query heads packed a position inside the kernel (a padded group's tiles hold fewer rows,
+    tile_config.packed_tile_rows)."""
     if num_splits > 0:
         return num_splits
     cfg = fwd_tile_config(d, dv, causal, local, decode, page_size, tall)
-    ctas = batch * heads * -(-rows // cfg.tile_m)
+    tile_rows = (packed_tile_rows(cfg.tile_m, group) if group > 1 else None) or cfg.tile_m
+    ctas = batch * heads * -(-rows // tile_rows)
     return fwd_num_splits(ctas, -(-seqlen_k // cfg.tile_n), num_sms)
 
 
@@ -414,14 +417,15 @@ def _plan(
     page_size = p.page_size if features.paged_kv else 0
     tall = tall_rows(kp, features, decode, max_seqlen_q)
     num_sms = _num_sms(device_index)
+    in_kernel_group = p.qhead_per_kvhead if features.pack_gqa else 1
     splits = _num_splits(
         p.num_splits, p.head_dim, p.head_dim_v, kp.causal, kp.is_local, decode, page_size,
-        batch, rows, heads, seqlen_k, num_sms, tall,
+        batch, rows, heads, seqlen_k, num_sms, tall, in_kernel_group,
     )  # fmt: skip
     # a split decode grid, or an unsplit one that fills two CTAs per SM, takes that tile
     # (tile_m 64 either way, so the split count above stands); in-kernel packed rows where
     # tile_config.fwd_pack_gqa_wide says so, a padded group's tiles holding fewer rows
-    tile_rows = packed_tile_rows(64, p.qhead_per_kvhead) if features.pack_gqa else 64
+    tile_rows = packed_tile_rows(64, in_kernel_group) if in_kernel_group > 1 else 64
     ctas = batch * heads * -(-rows // tile_rows)
     wide = (
         features in _WIDE_INPUTS if pack else features.pack_gqa and fwd_pack_gqa_wide()

@@ -290,6 +290,17 @@ def test_plan_packed_rows_take_the_wide_tile_where_the_rule_does(monkeypatch):
     fwd_sm90._plan.cache_clear()
 
 
+def test_num_splits_counts_a_padded_groups_tiles():
+    # the split count sees the grid the kernel launches: 192 packed rows of G = 6 (Sq = 32)
+    # take four 60-row tiles (ten positions each), not three of 64; 11 KV heads, B=1, 8k keys
+    from cute_attn import fwd_sm90
+
+    args = (0, 128, 128, True, False, True, 0, 1, 192, 11, 8192, 132)
+    assert fwd_sm90._num_splits(*args) == 4  # 33 CTAs unsplit: 4 splits fill the SMs
+    assert fwd_sm90._num_splits(*args, False, 6) == 3  # 44 CTAs: 3
+    assert fwd_sm90._num_splits(*args, False, 4) == 4  # G = 4 tiles 64 rows: as unpacked
+
+
 def test_plan_takes_persistent_grid_in_its_bucket(monkeypatch):
     # _plan: dense, unsplit calls in tile_config.fwd_persistent's bucket get a persistent grid
     # of one wave on this device (132 SMs; two CTAs an SM for the 64-row D=64 tile); split,
