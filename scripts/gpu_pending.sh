@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `spec_bench` on an H200
-# (the forty-sixth session had an H100 only and ran every step there: docs/perf/README.md).
+# installed there), by steps; the default is what is still pending, `spec_bench decode_bench`
+# on an H200 (the forty-sixth session had an H100 only: docs/perf/README.md).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -14,11 +14,13 @@
 #   inference   the other inference GPU tests (tests/test_inference_sm90.py; 450 s ran 243 of
 #               251 on a cold cache in the forty-sixth session: a call of its own)
 #   spec_bench  bench --preset spec-decode under CUDA graphs against FA4 and cuDNN
+#   decode_bench  bench --preset decode under CUDA graphs against FA4 and cuDNN (the Sq = 1
+#               rows: unchanged kernels since the thirty-eighth session's run)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(spec_bench)
+[ ${#steps[@]} -eq 0 ] && steps=(spec_bench decode_bench)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -47,6 +49,10 @@ for step in "${steps[@]}"; do
       timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
           sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_$gpu.json" \
           > "$OUT/bench_spec_decode_graph.log" 2>&1 ;;
+    decode_bench)
+      timeout 200 python3 -m cute_attn bench --preset decode --graph --impls cute_attn fa4 \
+          sdpa-cudnn --reps 50 --out "$OUT/bench_decode_graph_$gpu.json" \
+          > "$OUT/bench_decode_graph.log" 2>&1 ;;
     *) echo "unknown step: $step"; exit 2 ;;
   esac
   rcs[$step]=$?
@@ -59,6 +65,7 @@ for step in "${steps[@]}"; do
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
     inference) tail -15 "$OUT/gpu_tests_inference.log" ;;
-    spec_bench) tail -12 "$OUT/bench_spec_decode_graph.log" ;;
+    spec_bench) tail -22 "$OUT/bench_spec_decode_graph.log" ;;
+    decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
   esac
 done
