@@ -15,7 +15,7 @@
 #               251 on a cold cache in the forty-sixth session: a call of its own)
 #   spec_bench  bench --preset spec-decode under CUDA graphs against FA4 and cuDNN
 #   decode_bench  bench --preset decode under CUDA graphs against FA4 and cuDNN (the Sq = 1
-#               rows: unchanged kernels since the thirty-eighth session's run)
+#               rows, last benched in the thirty-eighth session)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
