@@ -163,6 +163,35 @@ def dense_rows(pages, table, lens):
             for i, n in enumerate(lens)]  # fmt: skip
 
 
+def wide_grid_cache(b, hkv, d, cap, layout, g, poison=False, dtype=torch.bfloat16):
+    """The KV cache of the wide-grid tests: `b` rows of capacity `cap` (a multiple of 64)
+    used to lengths 0, 1, odd and full, laid out as `layout`: "dense", "batch_idx" (cache
+    rows in reverse, through cache_batch_idx) or "paged<N>" (shuffled pages of N rows, their
+    stale rows Inf / NaN); with `poison` a dense cache's stale rows hold Inf (k) / NaN (v)
+    too. Returns (cache_seqlens, k_cache, v_cache, the call's extra kwargs, each row's used
+    keys, each row's used values)."""
+    lens = [(i * 97) % cap for i in range(b)]
+    lens[0], lens[3], lens[5] = cap, 0, 1
+    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if layout.startswith("paged"):
+        page_size = int(layout[5:])
+        kc, vc, table = paged_cache(b, hkv, d, page_size, cap // page_size, lens, g)
+        ks, vs = dense_rows(kc, table, lens), dense_rows(vc, table, lens)
+        return n, kc, vc, {"page_table": table}, ks, vs
+    rows = list(range(b))[::-1] if layout == "batch_idx" else list(range(b))
+    kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=dtype, generator=g)
+              for _ in range(2))  # fmt: skip
+    if poison:
+        for c, n_ in zip(rows, lens):
+            kc[c, n_:], vc[c, n_:] = float("inf"), float("nan")
+    cache = {}
+    if layout == "batch_idx":
+        cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
+    ks = [kc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+    vs = [vc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+    return n, kc, vc, cache, ks, vs
+
+
 def check_route(page_size):
     d = cute_attn.last_dispatch()
     assert d.impl == "sm90_fwd", d

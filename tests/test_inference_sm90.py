@@ -46,6 +46,7 @@ from inference_cases import (
     paged_cache,
     per_sequence_ref,
     run_varlen,
+    wide_grid_cache,
 )
 
 
@@ -777,24 +778,8 @@ def test_kvcache_decode_wide_grid(layout, ragged, monkeypatch):
     fwd_sm90._plan.cache_clear()
     api._kvcache_memo.clear()
     g = cuda_gen(41)
-    lens = [(i * 97) % cap for i in range(b)]
-    lens[0], lens[3], lens[5] = cap, 0, 1
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    if layout.startswith("paged"):
-        page_size = int(layout[5:])
-        kc, vc, table = paged_cache(b, hkv, d, page_size, cap // page_size, lens, g)
-        cache = {"page_table": table}
-        ks, vs = dense_rows(kc, table, lens), dense_rows(vc, table, lens)
-    else:
-        rows = list(range(b))[::-1] if layout == "batch_idx" else list(range(b))
-        kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
-                  for _ in range(2))  # fmt: skip
-        cache = {}
-        if layout == "batch_idx":
-            cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
-        ks = [kc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
-        vs = [vc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+    n, kc, vc, cache, ks, vs = wide_grid_cache(b, hkv, d, cap, layout, g)
     try:
         out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
     finally:  # no plan or memo entry of the forced tile outlives the test

@@ -35,6 +35,7 @@ from inference_cases import (
     packed_rows,
     paged_cache,
     per_sequence_ref,
+    wide_grid_cache,
 )
 
 # ------------------------------------------------------------------ packed GQA rows
@@ -167,25 +168,8 @@ def test_kvcache_pack_gqa_rows_wide_grid(pack_gqa_built, monkeypatch, h, hkv, b,
     d, sq, cap = 128, 4, 704
     assert fills_two_ctas_per_sm(b * hkv, fwd_sm90._num_sms(None))
     g = cuda_gen(h + b)
-    lens = [(i * 97) % cap for i in range(b)]
-    lens[0], lens[3], lens[5] = cap, 0, 1
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    n = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    if layout == "paged64":
-        kc, vc, table = paged_cache(b, hkv, d, 64, cap // 64, lens, g)
-        cache = {"page_table": table}
-        ks, vs = dense_rows(kc, table, lens), dense_rows(vc, table, lens)
-    else:
-        rows = list(range(b))[::-1] if layout == "batch_idx" else list(range(b))
-        kc, vc = (torch.randn(b, cap, hkv, d, device="cuda", dtype=q.dtype, generator=g)
-                  for _ in range(2))  # fmt: skip
-        for c, n_ in zip(rows, lens):
-            kc[c, n_:], vc[c, n_:] = float("inf"), float("nan")
-        cache = {}
-        if layout == "batch_idx":
-            cache = {"cache_batch_idx": torch.tensor(rows, dtype=torch.int32, device="cuda")}
-        ks = [kc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
-        vs = [vc[c : c + 1, :n_] for c, n_ in zip(rows, lens)]
+    n, kc, vc, cache, ks, vs = wide_grid_cache(b, hkv, d, cap, layout, g, poison=True)
     out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, **cache)
     assert cute_attn.last_dispatch().impl == "sm90_fwd"
     assert all(feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
