@@ -10,12 +10,19 @@
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
 #               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
 #               and fwd_pack_gqa_wide rest on
+#   wide_varlen the same over the varlen decode batches with seqused_k or paged K/V (pages
+#               of 16 and 64), the wide variant forced for their inputs, and the plain varlen
+#               decode batch beside them: what fwd_sm90._WIDE_PACKED_INPUTS rests on
 #   tail_ab     the KV-cache tail A/B (what tile_config.fwd_ragged_cache rests on)
 #   inference   the other inference GPU tests (tests/test_inference_sm90.py; 450 s ran 243 of
 #               251 on a cold cache in the forty-sixth session: a call of its own)
 #   spec_bench  bench --preset spec-decode under CUDA graphs against FA4 and cuDNN
 #   decode_bench  bench --preset decode under CUDA graphs against FA4 and cuDNN (the Sq = 1
 #               rows, last benched in the thirty-eighth session)
+#   fwd_bench   bench --preset fwd-prefill (issue #3's rows) against FA4 and cuDNN
+#   bwd_bench   bench --preset bwd (issue #4's rows) against FA4 and cuDNN
+#   host        scripts/host_overhead.py --tiny-only and scripts/compile_time.py --dims 128 256
+#               (issue #3's host-time and first-call bars)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
@@ -39,6 +46,10 @@ for step in "${steps[@]}"; do
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
       timeout 240 python3 scripts/pack_gqa_ab.py --rounds 20 --wide --rows "${rows[@]}" \
           --out "$OUT/pack_gqa_ab_wide_$gpu.json" > "$OUT/pack_gqa_ab_wide.log" 2>&1 ;;
+    wide_varlen)
+      timeout 240 python3 scripts/pack_gqa_ab.py --rounds 20 --wide --rows varlen-b64-8k-q1 \
+          varlen-used-b64-8k-q1 varlen-paged16-b64-8k-q1 varlen-paged64-b64-8k-q1 \
+          --out "$OUT/pack_gqa_ab_wide_varlen_$gpu.json" > "$OUT/pack_gqa_ab_wide_varlen.log" 2>&1 ;;
     tail_ab)
       timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_$gpu.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
@@ -53,6 +64,18 @@ for step in "${steps[@]}"; do
       timeout 200 python3 -m cute_attn bench --preset decode --graph --impls cute_attn fa4 \
           sdpa-cudnn --reps 50 --out "$OUT/bench_decode_graph_$gpu.json" \
           > "$OUT/bench_decode_graph.log" 2>&1 ;;
+    fwd_bench)
+      timeout 420 python3 -m cute_attn bench --preset fwd-prefill --impls cute_attn fa4 \
+          sdpa-cudnn --reps 30 --out "$OUT/bench_fwd_prefill_$gpu.json" \
+          > "$OUT/bench_fwd_prefill.log" 2>&1 ;;
+    bwd_bench)
+      timeout 420 python3 -m cute_attn bench --preset bwd --impls cute_attn fa4 sdpa-cudnn \
+          --reps 20 --out "$OUT/bench_bwd_$gpu.json" > "$OUT/bench_bwd.log" 2>&1 ;;
+    host)
+      timeout 120 python3 scripts/host_overhead.py --tiny-only \
+          --out "$OUT/host_overhead_tiny_$gpu.json" > "$OUT/host_overhead_tiny.log" 2>&1
+      timeout 240 python3 scripts/compile_time.py --dims 128 256 \
+          --out "$OUT/compile_time_$gpu.json" > "$OUT/compile_time.log" 2>&1 ;;
     *) echo "unknown step: $step"; exit 2 ;;
   esac
   rcs[$step]=$?
@@ -63,9 +86,13 @@ for step in "${steps[@]}"; do
   case "$step" in
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
+    wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
     inference) tail -15 "$OUT/gpu_tests_inference.log" ;;
     spec_bench) tail -22 "$OUT/bench_spec_decode_graph.log" ;;
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
+    fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
+    bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
+    host) tail -12 "$OUT/host_overhead_tiny.log"; tail -12 "$OUT/compile_time.log" ;;
   esac
 done

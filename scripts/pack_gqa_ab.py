@@ -17,7 +17,9 @@ reference's error + rounding), then timed under CUDA graphs of one and ten calls
 TB/s counts K + V read once (meaningless for the compute-bound dense rows).
 
 With --wide, a third variant packs onto the two-CTAs-per-SM decode tile
-(tile_config.fwd_pack_gqa_wide forced on; "packed" forces it off), in its grid buckets.
+(tile_config.fwd_pack_gqa_wide forced on; "packed" forces it off), in its grid buckets, for
+every input set (also those outside fwd_sm90._WIDE_PACKED_INPUTS: the paged and seqused_k
+varlen rows).
 
     python3 scripts/pack_gqa_ab.py [--rounds 50] [--rows NAME ...] [--wide] [--out FILE.json]
 """
@@ -64,7 +66,21 @@ ROWS = {  # entry, batch, keys a batch row, query rows[, query heads, KV heads (
     "g7-b8-8k-q4": ("cache", 8, 8192, 4, 28, 4),
     "g5-b8-8k-q4": ("cache", 8, 8192, 4, 40, 8),
     "g7-varlen-b64-2k-q4": ("varlen", 64, 2048, 4, 28, 4),
+    # a serving engine's paged decode batch (cu_seqlens_q, seqused_k, page_table; pages in a
+    # random order), and packed keys with seqused_k: inputs the wide tile was not timed on
+    "varlen-paged16-b64-8k-q1": ("varlen-paged16", 64, 8192, 1),
+    "varlen-paged64-b64-8k-q1": ("varlen-paged64", 64, 8192, 1),
+    "varlen-used-b64-8k-q1": ("varlen-used", 64, 8192, 1),
 }
+
+
+class _AnyInputs:
+    """Stands in for fwd_sm90._WIDE_PACKED_INPUTS in the wide variant: every input set may
+    take the wide tile (still in its grid buckets), so rows outside the library's set are
+    timed on it too."""
+
+    def __contains__(self, features) -> bool:
+        return True
 
 
 def _calls(entry, q, kc, vc):
@@ -84,11 +100,25 @@ def _calls(entry, q, kc, vc):
     qp, kp, vp = q.flatten(0, 1), kc.flatten(0, 1), vc.flatten(0, 1)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device="cuda")
     cu_k = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
+    kw = dict(cu_seqlens_k=cu_k)
+    if entry == "varlen-used":
+        kw = dict(cu_seqlens_k=cu_k, seqused_k=lens)
+    elif entry.startswith("varlen-paged"):
+        # page i of the dense keys lands at page perm[i]: page_table[b, j] = perm[b x n / ps + j]
+        ps = int(entry.removeprefix("varlen-paged"))
+        perm = torch.randperm(b * n // ps, device="cuda")
+        kp, vp = (torch.empty_like(x.view(-1, ps, *x.shape[2:])) for x in (kc, vc))
+        kp[perm], vp[perm] = kc.reshape(kp.shape), vc.reshape(vp.shape)
+        table = perm.to(torch.int32).view(b, n // ps)
+        kw = dict(seqused_k=lens, page_table=table)
+
+        def cache(q=q, kp=kp, vp=vp, lens=lens, table=table):
+            return cute_attn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens,
+                                                     page_table=table, causal=True)  # fmt: skip
 
     def varlen():
         out, lse = cute_attn.flash_attn_varlen_func(
-            qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=n,
-            causal=True,
+            qp, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=sq, max_seqlen_k=n, causal=True, **kw
         )  # fmt: skip
         return out.view(q.shape[0], sq, *out.shape[1:]), lse
 
@@ -128,10 +158,12 @@ def main():
             variants.append(("packed-wide", True, True))
         for label, packed, wide in variants:
             rule, wide_rule = fwd_sm90.fwd_pack_gqa, fwd_sm90.fwd_pack_gqa_wide
-            build, keys = fwd_sm90.build_fwd, []
+            build, keys, inputs = fwd_sm90.build_fwd, [], fwd_sm90._WIDE_PACKED_INPUTS
             # the rules forced either way (the memos are cleared around each variant)
             fwd_sm90.fwd_pack_gqa = lambda seqlen_q, tile_m, group, p=packed: p
             fwd_sm90.fwd_pack_gqa_wide = lambda w=wide: w
+            if wide:
+                fwd_sm90._WIDE_PACKED_INPUTS = _AnyInputs()
             fwd_sm90.build_fwd = lambda key, keys=keys, build=build: (keys.append(key),
                                                                      build(key))[1]  # fmt: skip
             try:
@@ -149,7 +181,7 @@ def main():
                     graphs[label] = (*one_and_ten_graphs(call), err, 0)
             finally:
                 fwd_sm90.fwd_pack_gqa, fwd_sm90.fwd_pack_gqa_wide = rule, wide_rule
-                fwd_sm90.build_fwd = build
+                fwd_sm90.build_fwd, fwd_sm90._WIDE_PACKED_INPUTS = build, inputs
         rows += graph_rounds(name, graphs, b * n * hkv * d * 2 * 2, args.rounds, width=11)
         if args.out:  # after every row: a run cut short by its time limit keeps what it timed
             json.dump(dict(environment=environment(torch.device("cuda")), rows=rows),
