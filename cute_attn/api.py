@@ -20,6 +20,7 @@ from .validation import (
     validate_dense,
     validate_kvcache_static,
     validate_varlen_deferred,
+    validate_varlen_static,
     value_checks_enabled,
 )
 
@@ -283,13 +284,37 @@ def flash_attn_varlen_func(
     packed by cu_seqlens_q / cu_seqlens_k (`deterministic` as in flash_attn_func); with
     seqused_q/k or page_table they need fallback='reference' on CUDA.
     """
-    p, check = validate_varlen_deferred(
+    index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
+    knobs = (softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, deterministic,
+             fallback)  # fmt: skip
+    # (under torch.compile the call is traced into the custom op below: no memo)
+    key = None
+    if not torch.compiler.is_compiling():
+        key = _varlen_signature(q, k, v, index, max_seqlen_q, max_seqlen_k, knobs)
+    if key is not None:
+        try:
+            hit = _varlen_memo.get(key)
+        except TypeError:  # an unhashable argument: validation names what is wrong with it
+            hit = key = None
+        if hit is not None:
+            p, decision, values = hit
+            dispatch.replay(decision)
+            check = None
+            if values is not None and value_checks_enabled():
+                # (as _can_read_values: plain tensors here, so not fake; no reads in capture)
+                if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+                    check = values.check(*index)
+            return _varlen_kernel(q, k, v, p, check, *index)
+    p, values = validate_varlen_static(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
         seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
         deterministic=deterministic,
     )  # fmt: skip
+    check = None
+    if values is not None and _can_read_values(q):
+        check = values.check(*index)
     if torch.compiler.is_compiling():
         # traced as one opaque op with a fake implementation and an autograd formula
         from . import ops
@@ -302,28 +327,11 @@ def flash_attn_varlen_func(
     d = dispatch.select(p, (("q", q), ("k", k), ("v", v)), fallback=fallback,
                         entry="flash_attn_varlen_func")  # fmt: skip
     if d.impl == "sm90_fwd":
-        # the index checks are flagged on the device and read after the launch, as for a
-        # read-only KV-cache call (the kernel clamps offsets and lengths into its tensors)
-        if check is not None:
-            check.defer(fwd_sm90.index_flags)
-        if _needs_grad(q, k, v):
-            # dispatch served it, so only cu_seqlens_q / cu_seqlens_k are given
-            res = _KernelAttnVarlen.apply(
-                q, k, v, p, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-            )
-            if check is not None:
-                check.wait()
-            return res
-        res = fwd_sm90.run_fwd_varlen(
-            q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
-            cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
-            seqused_k=None if seqused_k is None else seqused_k.contiguous(),
-            max_seqlen_q=p.seqlen_q,
-            page_table=None if page_table is None else _rows_contiguous(page_table),
-            seqused_q=None if seqused_q is None else seqused_q.contiguous(),
-        )  # fmt: skip
-        if check is not None:
-            check.wait()  # raises on a bad index value; the launched kernel stayed in bounds
+        res = _varlen_kernel(q, k, v, p, check, *index)
+        if key is not None:  # remembered after the call, as the dense entry's (_run)
+            if len(_varlen_memo) >= _DENSE_MEMO_MAX:
+                _varlen_memo.clear()
+            _varlen_memo[key] = (p, d, values)
         return res
     if check is not None:
         check.wait()  # the reference indexes with the values: check them first
@@ -334,6 +342,62 @@ def flash_attn_varlen_func(
         compute_dtype=_ref_compute_dtype(q.dtype),
     )  # fmt: skip
     return out.to(q.dtype), lse.float()
+
+
+def _varlen_kernel(q, k, v, p, check, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                   page_table):  # fmt: skip
+    """The SM90 forward of a varlen call that dispatch gave the kernel. The index checks are
+    flagged on the device and read after the launch, as for a read-only KV-cache call (the
+    kernel clamps offsets and lengths into its tensors)."""
+    if check is not None:
+        check.defer(fwd_sm90.index_flags)
+    if _needs_grad(q, k, v):
+        # dispatch served it, so only cu_seqlens_q / cu_seqlens_k are given
+        res = _KernelAttnVarlen.apply(
+            q, k, v, p, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+        )
+    else:
+        res = fwd_sm90.run_fwd_varlen(
+            q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
+            cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
+            seqused_k=None if seqused_k is None else seqused_k.contiguous(),
+            max_seqlen_q=p.seqlen_q,
+            page_table=None if page_table is None else _rows_contiguous(page_table),
+            seqused_q=None if seqused_q is None else seqused_q.contiguous(),
+        )  # fmt: skip
+    if check is not None:
+        check.wait()  # raises on a bad index value; the launched kernel stayed in bounds
+    return res
+
+
+# The varlen entry's host fast path, like the dense one's: a call whose signature (q / k / v
+# as _dense_signature; every index tensor's shape, strides, dtype and device; max_seqlen_q /
+# max_seqlen_k, which must be ints; whether gradients are needed, which dispatch reads) matches
+# an earlier call that the kernel served reuses its problem, decision and value-check
+# description: the index values are still checked on every call. Measured in
+# docs/perf/README.md ("Varlen host fast path").
+_varlen_memo: dict = {}
+
+
+def _varlen_signature(q, k, v, index, max_seqlen_q, max_seqlen_k, knobs) -> tuple | None:
+    """The memo key of a varlen call, or None when it must take the full path (tensor
+    subclasses, max_seqlen_q / max_seqlen_k not ints, a window that is not a 2-tuple)."""
+    if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
+        return None
+    if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        return None
+    for t in index:
+        if t is not None and type(t) is not _Tensor:
+            return None
+    window = knobs[2]
+    if type(window) is not tuple or len(window) != 2:
+        return None
+    return (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+        v.dtype, q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
+        *map(_index_meta, index), max_seqlen_q, max_seqlen_k, _needs_grad(q, k, v),
+        *knobs, *window, *map(type, knobs), *map(type, window),
+    )  # fmt: skip
 
 
 def flash_attn_with_kvcache(

@@ -129,8 +129,13 @@ _WIDE_INPUTS = frozenset({
     InputFeatures(seqused_k=True, kv_batch_idx=True, ragged_cache=True),
 })  # fmt: skip
 # In-kernel packed GQA rows (tile_config.fwd_pack_gqa_wide) may take it from these, packed
-# sequences included (a serving engine's decode batch through the varlen entry).
-_WIDE_PACKED_INPUTS = _WIDE_INPUTS | {InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True)}
+# sequences included (a serving engine's decode batch through the varlen entry: packed keys,
+# packed keys used to seqused_k, or pages).
+_WIDE_PACKED_INPUTS = _WIDE_INPUTS | {
+    InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True),
+    InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True, seqused_k=True),
+    InputFeatures(cu_seqlens_q=True, seqused_k=True, paged_kv=True),
+}  # fmt: skip
 
 
 def _cache_features(v_cache, *, batch_idx: bool, paged: bool) -> InputFeatures:

@@ -66,6 +66,7 @@ __all__ = [
     "validate_dense",
     "validate_varlen",
     "validate_varlen_deferred",
+    "validate_varlen_static",
     "validate_kvcache",
     "validate_kvcache_deferred",
     "validate_kvcache_static",
@@ -387,7 +388,11 @@ class ValueCheck:
             event.synchronize()
             if not any_set(pinned):
                 return
-        self._judge(_read_values(self._build()))
+        self.read_now()
+
+    def read_now(self):
+        """Run the synchronous checks (one host sync); returns what they derive."""
+        return self._judge(_read_values(self._build()))
 
 
 # Each thread reuses one pinned buffer and one event per (device, stream, flag count): a check
@@ -570,7 +575,96 @@ def validate_dense(
     )
 
 
-def validate_varlen_deferred(
+@dataclasses.dataclass(frozen=True)
+class VarlenValues:
+    """What a varlen call's index-value checks need besides the index tensors: plain values,
+    a pure function of the call's signature (so the entry's memo can keep it and build the
+    next call's `ValueCheck` without validating again). max_seqlen_q / max_seqlen_k None:
+    the checks derive them (and return them from `ValueCheck.read_now`)."""
+
+    batch: int
+    total_q: int
+    total_k: int | None  # k.shape[0] (packed keys); None when paged
+    capacity: int  # keys a sequence may hold: max_pages * page_size, or total_k
+    page_size: int  # 1 when not paged
+    num_pages: int  # 0 when not paged
+    paged: bool
+    max_seqlen_q: int | None
+    max_seqlen_k: int | None
+
+    def check(self, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) -> ValueCheck:
+        """The checks of these index tensors' values (those of the call validated), unread."""
+        c = self
+        pieces = {}
+
+        def build() -> list[torch.Tensor]:
+            parts = [cu_seqlens_q]
+            for t in (cu_seqlens_k, seqused_q, seqused_k):
+                if t is not None:
+                    parts.append(t)
+            if c.paged:
+                if seqused_k is not None:
+                    lengths_k_dev = seqused_k
+                else:
+                    lengths_k_dev = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+                pieces["bad"] = _bad_pages(page_table, lengths_k_dev, c.page_size, c.num_pages)
+                parts.append(_count(pieces["bad"]))
+            return parts
+
+        def judge(values: list[list[int]]) -> tuple[int, int]:
+            vals = iter(values)
+            lens_q = _check_cu_seqlens(
+                "cu_seqlens_q", next(vals), c.total_q, "q.shape[0] (total_q)"
+            )
+            lens_k = None
+            if cu_seqlens_k is not None:
+                lens_k = _check_cu_seqlens(
+                    "cu_seqlens_k", next(vals), c.total_k, "k.shape[0] (total_k)"
+                )
+                if c.paged:
+                    for b, n in enumerate(lens_k):
+                        if n > c.capacity:
+                            raise ValueError(
+                                f"cu_seqlens_k: sequence {b} has {n} keys, more than page_table "
+                                f"holds (max_pages * page_size = {c.capacity})"
+                            )
+            used_q = next(vals) if seqused_q is not None else None
+            used_k = next(vals) if seqused_k is not None else None
+            if used_q is not None:
+                _check_seqused(
+                    "seqused_q", used_q, lens_q, "the cu_seqlens_q span of that sequence"
+                )
+            if used_k is not None:
+                if lens_k is not None:
+                    _check_seqused("seqused_k", used_k, lens_k, "the cu_seqlens_k span")
+                else:
+                    _check_seqused(
+                        "seqused_k",
+                        used_k,
+                        [c.capacity] * c.batch,
+                        "page_table capacity max_pages * page_size",
+                    )
+            mq = _check_max_seqlen("max_seqlen_q", c.max_seqlen_q, lens_q, "cu_seqlens_q")
+            if lens_k is not None:
+                mk = _check_max_seqlen("max_seqlen_k", c.max_seqlen_k, lens_k, "cu_seqlens_k")
+            else:
+                mk = _check_max_seqlen("max_seqlen_k", c.max_seqlen_k, used_k, "seqused_k")
+            if c.paged and next(vals)[0] > 0:
+                eff = used_k if used_k is not None else lens_k
+                _raise_bad_page(
+                    pieces["bad"], page_table, c.page_size, c.num_pages, lambda b: eff[b]
+                )
+            return mq, mk
+
+        tensors = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, None, page_table)
+        index_args = (
+            c.batch, tensors, c.total_q, -1 if c.paged else c.total_k, c.capacity,
+            c.max_seqlen_q, c.max_seqlen_k, 0, c.page_size, c.num_pages,
+        )  # fmt: skip
+        return ValueCheck(build, judge, index_args)
+
+
+def validate_varlen_static(
     q,
     k,
     v,
@@ -601,11 +695,11 @@ def validate_varlen_deferred(
     max_seqlen_q / max_seqlen_k: python ints >= the longest sequence, or None to take the
     longest (not possible under torch.compile / CUDA graph capture: pass them there).
 
-    Returns (AttnProblem, ValueCheck or None): the checks of the index values (cu_seqlens,
-    seqused, used page_table entries), not read yet (see validate_kvcache_deferred; one host
-    sync when read). With max_seqlen_q or max_seqlen_k None they are read here (the problem's
-    lengths come from them) and None is returned; also None where values are not read
-    (torch.compile, CUDA graph capture, fake tensors, CUTE_ATTN_CHECK_VALUES=0).
+    Returns (AttnProblem, VarlenValues or None): what the index-value checks need besides the
+    index tensors, a pure function of the call's signature (the entry's memo keeps it; the
+    caller builds a call's checks where values can be read, `_can_read_values`), or None
+    when the values were read here (max_seqlen_q or max_seqlen_k None: the problem's
+    lengths come from them).
     """
     paged = page_table is not None
     _check_tensor("q", q)
@@ -708,85 +802,24 @@ def validate_varlen_deferred(
     pack_gqa = _check_pack_gqa(pack_gqa)
     _check_bool("deterministic", deterministic)
 
-    check = None
-    if _can_read_values(q):
-        pieces = {}
-
-        def build() -> list[torch.Tensor]:
-            parts = [cu_seqlens_q]
-            for t in (cu_seqlens_k, seqused_q, seqused_k):
-                if t is not None:
-                    parts.append(t)
-            if paged:
-                if seqused_k is not None:
-                    lengths_k_dev = seqused_k
-                else:
-                    lengths_k_dev = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-                pieces["bad"] = _bad_pages(page_table, lengths_k_dev, page_size, num_pages)
-                parts.append(_count(pieces["bad"]))
-            return parts
-
-        def judge(values: list[list[int]]) -> tuple[int, int]:
-            vals = iter(values)
-            lens_q = _check_cu_seqlens("cu_seqlens_q", next(vals), total_q, "q.shape[0] (total_q)")
-            lens_k = None
-            if cu_seqlens_k is not None:
-                total_k = None if paged else k.shape[0]
-                lens_k = _check_cu_seqlens(
-                    "cu_seqlens_k", next(vals), total_k, "k.shape[0] (total_k)"
-                )
-                if paged:
-                    for b, n in enumerate(lens_k):
-                        if n > capacity:
-                            raise ValueError(
-                                f"cu_seqlens_k: sequence {b} has {n} keys, more than page_table "
-                                f"holds (max_pages * page_size = {capacity})"
-                            )
-            used_q = next(vals) if seqused_q is not None else None
-            used_k = next(vals) if seqused_k is not None else None
-            if used_q is not None:
-                _check_seqused(
-                    "seqused_q", used_q, lens_q, "the cu_seqlens_q span of that sequence"
-                )
-            if used_k is not None:
-                if lens_k is not None:
-                    _check_seqused("seqused_k", used_k, lens_k, "the cu_seqlens_k span")
-                else:
-                    _check_seqused(
-                        "seqused_k",
-                        used_k,
-                        [capacity] * batch,
-                        "page_table capacity max_pages * page_size",
-                    )
-            mq = _check_max_seqlen("max_seqlen_q", max_seqlen_q, lens_q, "cu_seqlens_q")
-            if lens_k is not None:
-                mk = _check_max_seqlen("max_seqlen_k", max_seqlen_k, lens_k, "cu_seqlens_k")
-            else:
-                mk = _check_max_seqlen("max_seqlen_k", max_seqlen_k, used_k, "seqused_k")
-            if paged and next(vals)[0] > 0:
-                eff = used_k if used_k is not None else lens_k
-                _raise_bad_page(pieces["bad"], page_table, page_size, num_pages, lambda b: eff[b])
-            return mq, mk
-
-        if max_seqlen_q is None or max_seqlen_k is None:
-            # the problem's lengths come from the values: read them now
-            max_seqlen_q, max_seqlen_k = judge(_read_values(build()))
-        else:
-            tensors = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, None, page_table)
-            index_args = (
-                batch, tensors, total_q, -1 if paged else k.shape[0],
-                capacity if paged else k.shape[0], max_seqlen_q, max_seqlen_k, 0,
-                page_size if paged else 1, num_pages if paged else 0,
-            )  # fmt: skip
-            check = ValueCheck(build, judge, index_args)
-    else:
-        for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if val is None:
-                raise ValueError(
-                    f"{name}: required (a python int) under torch.compile / CUDA graph "
-                    f"capture or with CUTE_ATTN_CHECK_VALUES=0, where the cu_seqlens values "
-                    f"are not read; got None"
-                )
+    values = VarlenValues(
+        batch=batch, total_q=total_q, total_k=None if paged else k.shape[0],
+        capacity=capacity if paged else k.shape[0], page_size=page_size if paged else 1,
+        num_pages=num_pages if paged else 0, paged=paged, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )  # fmt: skip
+    if max_seqlen_q is None or max_seqlen_k is None:
+        if not _can_read_values(q):
+            name = "max_seqlen_q" if max_seqlen_q is None else "max_seqlen_k"
+            raise ValueError(
+                f"{name}: required (a python int) under torch.compile / CUDA graph "
+                f"capture or with CUTE_ATTN_CHECK_VALUES=0, where the cu_seqlens values "
+                f"are not read; got None"
+            )
+        # the problem's lengths come from the values: read them now
+        index = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
+        max_seqlen_q, max_seqlen_k = values.check(*index).read_now()
+        values = None
 
     problem = AttnProblem(
         batch=batch,
@@ -813,7 +846,22 @@ def validate_varlen_deferred(
         pack_gqa=pack_gqa,
         deterministic=deterministic,
     )
-    return problem, check
+    return problem, values
+
+
+def validate_varlen_deferred(q, k, v, **kwargs) -> tuple[AttnProblem, ValueCheck | None]:
+    """Validate a varlen call (validate_varlen_static's arguments). Returns (AttnProblem,
+    ValueCheck or None): the checks of the index values (cu_seqlens, seqused, used
+    page_table entries), not read yet (see validate_kvcache_deferred; one host sync when
+    read). With max_seqlen_q or max_seqlen_k None they are read here (the problem's lengths
+    come from them) and None is returned; also None where values are not read
+    (torch.compile, CUDA graph capture, fake tensors, CUTE_ATTN_CHECK_VALUES=0)."""
+    problem, values = validate_varlen_static(q, k, v, **kwargs)
+    if values is None or not _can_read_values(q):
+        return problem, None
+    index = [kwargs[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
+                                 "page_table")]  # fmt: skip
+    return problem, values.check(*index)
 
 
 def validate_varlen(q, k, v, **kwargs) -> AttnProblem:

@@ -7,6 +7,7 @@
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
+#   wide_tests  only their wide-grid ones (KV-cache, varlen, varlen over a cache)
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
 #               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
 #               and fwd_pack_gqa_wide rest on
@@ -23,6 +24,7 @@
 #   bwd_bench   bench --preset bwd (issue #4's rows) against FA4 and cuDNN
 #   host        scripts/host_overhead.py --tiny-only and scripts/compile_time.py --dims 128 256
 #               (issue #3's host-time and first-call bars)
+#   host_varlen scripts/host_overhead.py --varlen-only (the varlen entry's memo on / off)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
@@ -41,6 +43,9 @@ for step in "${steps[@]}"; do
     pack_tests)
       timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
+    wide_tests)
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
+          -k wide_grid > "$OUT/gpu_tests_wide_grid.log" 2>&1 ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
@@ -76,6 +81,9 @@ for step in "${steps[@]}"; do
           --out "$OUT/host_overhead_tiny_$gpu.json" > "$OUT/host_overhead_tiny.log" 2>&1
       timeout 240 python3 scripts/compile_time.py --dims 128 256 \
           --out "$OUT/compile_time_$gpu.json" > "$OUT/compile_time.log" 2>&1 ;;
+    host_varlen)
+      timeout 150 python3 scripts/host_overhead.py --varlen-only \
+          --out "$OUT/host_overhead_varlen_$gpu.json" > "$OUT/host_overhead_varlen.log" 2>&1 ;;
     *) echo "unknown step: $step"; exit 2 ;;
   esac
   rcs[$step]=$?
@@ -85,6 +93,7 @@ for step in "${steps[@]}"; do
   echo "== $step rc=${rcs[$step]}"
   case "$step" in
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
+    wide_tests) tail -5 "$OUT/gpu_tests_wide_grid.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
@@ -93,6 +102,7 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
+    host_varlen) tail -8 "$OUT/host_overhead_varlen.log" ;;
     host) tail -12 "$OUT/host_overhead_tiny.log"; tail -12 "$OUT/compile_time.log" ;;
   esac
 done

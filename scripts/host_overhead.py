@@ -7,9 +7,11 @@ from a CUDA graph (no host work). Cases: a tiny dense call, the decode rows thro
 `flash_attn_func` and through `flash_attn_with_kvcache` (dense cache; B=1 also with
 CUTE_ATTN_CHECK_VALUES=0, B=64 also paged). The tiny call and the B=1 KV-cache call also get a
 per-piece breakdown of their host time (each piece timed alone in a loop), the tiny call's
-with torch SDPA and FA4 (when installed) on the same tensors as yardsticks.
+with torch SDPA and FA4 (when installed) on the same tensors as yardsticks. --varlen-only:
+a decode batch through `flash_attn_varlen_func` (B sequences of one query row over packed
+keys) with and without the entry's memo (api._varlen_memo), with and without value checks.
 
-    python3 scripts/host_overhead.py [--out host.json] [--profile] [--tiny-only]
+    python3 scripts/host_overhead.py [--out host.json] [--profile] [--tiny-only | --varlen-only]
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ import time
 import torch
 
 import cute_attn
+from cute_attn import api
 from cute_attn.bench import capture_graph
+
+_varlen_signature = api._varlen_signature
 
 
 def _events(fn, reps=50):
@@ -193,10 +198,17 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="cProfile the host path of each case")
     ap.add_argument("--tiny-only", action="store_true", help="only the tiny dense call")
+    ap.add_argument("--varlen-only", action="store_true", help="only the varlen decode cases")
     args = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     rows = []
     cases = [("dense tiny b1 s128 h8 d64", 1, 128, 128, 8, 8, 64, "dense")]
+    if args.varlen_only:
+        cases = [(f"varlen {kind[7:]} b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, kind)
+                 for b, sk in ((1, 4096), (8, 8192))
+                 for kind in ("varlen memo", "varlen nomemo", "varlen memo nochecks",
+                              "varlen nomemo nochecks")]  # fmt: skip
+        args.tiny_only = True
     for b, sk in () if args.tiny_only else ((1, 32768), (8, 8192), (64, 8192), (128, 2048)):
         cases.append((f"decode b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, "dense"))
         cases.append((f"kvcache b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, "kvcache"))
@@ -223,6 +235,16 @@ def main():
             def fn(q=q, kp=kp, vp=vp, n=n, table=table):
                 return cute_attn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=n,
                                                          page_table=table)  # fmt: skip
+        elif kind.startswith("varlen"):
+            cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=dev)
+            cu_k = torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32, device=dev)
+            qp, kp, vp = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)
+
+            def fn(qp=qp, kp=kp, vp=vp, cu_q=cu_q, cu_k=cu_k, sk=sk):
+                return cute_attn.flash_attn_varlen_func(
+                    qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1,
+                    max_seqlen_k=sk, causal=True,
+                )  # fmt: skip
         else:
             n = torch.full((b,), sk, dtype=torch.int32, device=dev)
 
@@ -230,7 +252,10 @@ def main():
                 return cute_attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
 
         # read per call: set for this case's whole measurement
-        os.environ["CUTE_ATTN_CHECK_VALUES"] = "0" if kind == "nochecks" else "1"
+        os.environ["CUTE_ATTN_CHECK_VALUES"] = "0" if kind.endswith("nochecks") else "1"
+        # the memo off: every call takes the full path (validation and dispatch)
+        api._varlen_memo.clear()
+        api._varlen_signature = (lambda *a: None) if "nomemo" in kind else _varlen_signature
 
         fn()
         parts = None

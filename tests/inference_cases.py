@@ -48,6 +48,12 @@ def per_sequence_ref(q, k, v, lens_q, lens_k, **kw):
     cq, ck = cu_lens(lens_q).tolist(), cu_lens(lens_k).tolist()
     problems = [(q[cq[i] : cq[i + 1]][None], k[ck[i] : ck[i + 1]][None], v[ck[i] : ck[i + 1]][None])
                 for i in range(len(lens_q))]  # fmt: skip
+    return packed_refs(problems, **kw)
+
+
+def packed_refs(problems, **kw):
+    """(ref32, lse32, same) of dense (1, Sq, ...) problems packed the varlen entry's way:
+    out rows (total_q, H, Dv) and lse (H, total_q), sequence after sequence."""
     refs = dense_refs(problems, **kw)
     return (torch.cat([r[0] for r, _, _ in refs]), torch.cat([lse[0] for _, lse, _ in refs], 1),
             torch.cat([s[0] for _, _, s in refs]))  # fmt: skip

@@ -420,6 +420,140 @@ def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypat
     assert calls["defer"] == calls["wait"] == 1 and calls["validate"] == 1
 
 
+# --------------------------------------------------- the varlen entry's host fast path (memo)
+@pytest.fixture
+def varlen_served_on_cpu(monkeypatch):
+    """CPU varlen calls treated as served by the SM90 kernel: dispatch says so (and counts
+    its calls), the kernel is a stub, validation and value checks are counted."""
+    from cute_attn import api, fwd_sm90, validation
+
+    calls = {"validate": 0, "select": 0, "run": [], "defer": 0, "wait": 0, "checked": []}
+    real_static = api.validate_varlen_static
+
+    def counting_static(*a, **kw):
+        calls["validate"] += 1
+        return real_static(*a, **kw)
+
+    def select(p, tensors, fallback=None, entry="flash_attn_func"):
+        calls["select"] += 1
+        return dispatch._record(dispatch.Decision("sm90_fwd", "sm_90a", "stub", entry))
+
+    def run_fwd_varlen(q, k, v, p, **kw):
+        calls["run"].append((q, kw))
+        return ("run", p)
+
+    def defer(self, flags_fn):
+        calls["defer"] += 1
+        calls["checked"].append(self.index_args)
+
+    def wait(self):
+        calls["wait"] += 1
+
+    monkeypatch.setattr(api, "validate_varlen_static", counting_static)
+    monkeypatch.setattr(dispatch, "select", select)
+    monkeypatch.setattr(fwd_sm90, "run_fwd_varlen", run_fwd_varlen)
+    monkeypatch.setattr(validation.ValueCheck, "defer", defer)
+    monkeypatch.setattr(validation.ValueCheck, "wait", wait)
+    api._varlen_memo.clear()
+    yield calls
+    api._varlen_memo.clear()
+
+
+def _varlen_inputs(paged=False):
+    q = torch.randn(7, 8, 64, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 1, 5, 7], dtype=torch.int32)
+    if paged:
+        kc = torch.randn(10, 16, 2, 64, dtype=torch.bfloat16)
+        table = torch.arange(6, dtype=torch.int32).view(3, 2)
+        return q, kc, dict(cu_seqlens_q=cu_q, page_table=table,
+                           seqused_k=torch.tensor([3, 32, 0], dtype=torch.int32))  # fmt: skip
+    k = torch.randn(40, 2, 64, dtype=torch.bfloat16)
+    return (
+        q,
+        k,
+        dict(cu_seqlens_q=cu_q, cu_seqlens_k=torch.tensor([0, 5, 35, 40], dtype=torch.int32)),
+    )
+
+
+def test_varlen_fast_path_skips_validation_and_checks_each_call(varlen_served_on_cpu, monkeypatch):
+    calls = varlen_served_on_cpu
+    q, k, index = _varlen_inputs()
+    first = cute_attn.flash_attn_varlen_func(q, k, k, max_seqlen_q=4, max_seqlen_k=30,
+                                             causal=True, **index)  # fmt: skip
+    assert first[0] == "run" and calls["validate"] == calls["select"] == 1
+    dispatch._local.decision = None
+    q2, cu_k2 = q.clone(), torch.tensor([0, 1, 2, 40], dtype=torch.int32)
+    second = cute_attn.flash_attn_varlen_func(q2, k, k, max_seqlen_q=4, max_seqlen_k=30,
+                                              causal=True, cu_seqlens_q=index["cu_seqlens_q"],
+                                              cu_seqlens_k=cu_k2)  # fmt: skip
+    assert second == ("run", first[1])  # the very problem validation built
+    assert calls["validate"] == calls["select"] == 1
+    assert cute_attn.last_dispatch().entry == "flash_attn_varlen_func"
+    assert calls["run"][1][0] is q2 and calls["run"][1][1]["cu_seqlens_k"] is cu_k2
+    # each call's own index values are checked: deferred and read after the launch
+    assert calls["defer"] == calls["wait"] == 2
+    assert calls["checked"][0][1][1] is index["cu_seqlens_k"] and calls["checked"][1][1][1] is cu_k2
+    assert calls["checked"][0][2:] == calls["checked"][1][2:] == (7, 40, 40, 4, 30, 0, 1, 0)
+    # a call that needs gradients (dispatch reads it) takes the full path, then its own entry
+    monkeypatch.setattr(cute_attn.api._KernelAttnVarlen, "apply", lambda *a: ("autograd",))
+    for _ in range(2):
+        res = cute_attn.flash_attn_varlen_func(q.clone().requires_grad_(), k, k, max_seqlen_q=4,
+                                               max_seqlen_k=30, causal=True, **index)  # fmt: skip
+        assert res == ("autograd",)
+    assert calls["validate"] == calls["select"] == 2 and len(calls["run"]) == 2
+
+
+def test_varlen_fast_path_misses(varlen_served_on_cpu, monkeypatch):
+    calls = varlen_served_on_cpu
+    q, kc, index = _varlen_inputs(paged=True)
+    kw = dict(max_seqlen_q=4, max_seqlen_k=32, **index)
+    for _ in range(2):
+        cute_attn.flash_attn_varlen_func(q, kc, kc, **kw)
+    assert calls["validate"] == 1 and len(calls["run"]) == 2
+    assert calls["checked"][1][2:] == (7, -1, 32, 4, 32, 0, 16, 10)
+    # another max_seqlen, page table shape, scalar, scalar type or index tensor set takes the
+    # full path
+    cute_attn.flash_attn_varlen_func(q, kc, kc, **{**kw, "max_seqlen_k": 31})
+    cute_attn.flash_attn_varlen_func(
+        q,
+        kc,
+        kc,
+        **{**kw, "page_table": index["page_table"][:, :1], "seqused_k": index["seqused_k"] // 2},
+    )
+    cute_attn.flash_attn_varlen_func(q, kc, kc, softcap=2.0, **kw)
+    with pytest.raises(TypeError, match="causal"):
+        cute_attn.flash_attn_varlen_func(q, kc, kc, causal=1, **kw)
+    cute_attn.flash_attn_varlen_func(
+        q,
+        kc,
+        kc,
+        **{
+            **kw,
+            "seqused_k": None,
+            "cu_seqlens_k": torch.tensor([0, 3, 35, 35], dtype=torch.int32),
+        },
+    )
+    assert calls["validate"] == 6 and calls["select"] == 5
+    # max_seqlen None (read from the values): never memoized
+    cute_attn.flash_attn_varlen_func(q, kc, kc, **{**kw, "max_seqlen_q": None})
+    cute_attn.flash_attn_varlen_func(q, kc, kc, **{**kw, "max_seqlen_q": None})
+    assert calls["validate"] == 8
+
+
+def test_varlen_fast_path_without_value_checks(varlen_served_on_cpu, monkeypatch):
+    # CUTE_ATTN_CHECK_VALUES is read per call, on memo hits too: a first call without checks
+    # does not leave later calls unchecked
+    calls = varlen_served_on_cpu
+    q, k, index = _varlen_inputs()
+    monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", "0")
+    for _ in range(2):
+        cute_attn.flash_attn_varlen_func(q, k, k, max_seqlen_q=4, max_seqlen_k=30, **index)
+    assert calls["defer"] == 0 and calls["validate"] == 1
+    monkeypatch.setenv("CUTE_ATTN_CHECK_VALUES", "1")
+    cute_attn.flash_attn_varlen_func(q, k, k, max_seqlen_q=4, max_seqlen_k=30, **index)
+    assert calls["defer"] == calls["wait"] == 1 and calls["validate"] == 1
+
+
 @pytest.mark.parametrize(
     "splits,group,kvcache,cluster",
     [(3, 4, True, False), (1, 4, True, False), (2, 1, True, False), (1, 1, True, False),

@@ -32,6 +32,7 @@ from inference_cases import (
     dense_refs,
     dense_rows,
     feature_flags,
+    packed_refs,
     packed_rows,
     paged_cache,
     per_sequence_ref,
@@ -335,6 +336,41 @@ def test_varlen_pack_gqa_rows_wide_grid(pack_gqa_built, monkeypatch, h, hkv, b):
     check_varlen(h, hkv, 128, torch.bfloat16, {"causal": True}, 0, lens_q, lens_k, seed=b)
     assert all(feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
     assert [FwdTileConfig(*k.tile).ctas_per_sm for k in pack_gqa_built] == [2], pack_gqa_built
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["paged16", "paged64", "used"])
+@pytest.mark.parametrize("h,hkv,b", [(32, 8, 17), (28, 4, 34)])
+def test_varlen_cache_pack_gqa_rows_wide_grid(pack_gqa_built, monkeypatch, h, hkv, b, layout):
+    # a serving engine's decode batch through the varlen entry over a cache: one query row a
+    # sequence (a few with 3-4), keys from pages (cu_seqlens_q, seqused_k, page_table) or
+    # packed with seqused_k under each span ("used", the stale rows poisoned), on an unsplit
+    # 136-CTA grid: packed rows on the two-CTAs-per-SM tile (fwd_sm90._WIDE_PACKED_INPUTS)
+    from cute_attn import fwd_sm90
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    monkeypatch.setattr(fwd_sm90, "fwd_pack_gqa_wide", lambda: True)
+    d, cap = 128, 704
+    lens_q = [1] * b
+    lens_q[1], lens_q[4], lens_q[6] = 4, 3, 4
+    g = cuda_gen(h + b + len(layout))
+    q = packed_rows(lens_q, h, d, torch.bfloat16, g)
+    n, kc, vc, cache, ks, vs = wide_grid_cache(b, hkv, d, cap, layout.replace("used", "dense"),
+                                               g, poison=True)  # fmt: skip
+    if layout == "used":  # the cache rows back to back, each span cap keys, n of them used
+        kc, vc = kc.flatten(0, 1), vc.flatten(0, 1)
+        cache = {"cu_seqlens_k": cu_lens([cap] * b)}
+    out, lse = flash_attn_varlen_func(
+        q, kc, vc, cu_seqlens_q=cu_lens(lens_q), seqused_k=n, max_seqlen_q=max(lens_q),
+        max_seqlen_k=cap, causal=True, **cache,
+    )  # fmt: skip
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert all(feature_flags(pack_gqa_built, "pack_gqa")), pack_gqa_built
+    assert [FwdTileConfig(*k.tile).ctas_per_sm for k in pack_gqa_built] == [2], pack_gqa_built
+    starts = cu_lens(lens_q).tolist()
+    problems = [(q[None, starts[i] : starts[i + 1]], ks[i], vs[i]) for i in range(b)]
+    ref, ref_lse, same = packed_refs(problems, causal=True)
+    assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
 
 
 _PACK_GQA_SNIPPET = r"""
