@@ -121,9 +121,12 @@ def _clear_memo():
     launcher (and its plan: kernel and combine) bound at the first call of that signature, so
     a swap that leaves it in place measures the previous variant again. Before this, every
     variant after the first at one split count ran the first one's kernels (docs/perf/README.md,
-    fifteenth session); until the forty-first session the KV-cache memo was left in place."""
+    fifteenth session); until the forty-first session the KV-cache memo was left in place.
+    The varlen entry's memo holds no plan, only its decisions (whose reasons name the
+    packing): cleared too."""
     api._dense_memo.clear()
     api._kvcache_memo.clear()
+    api._varlen_memo.clear()
     fwd_sm90.paged_route.cache_clear()
 
 

@@ -93,6 +93,7 @@ def forced_host_rule(monkeypatch, name: str, value):
         fwd_sm90.paged_route.cache_clear,
         api._dense_memo.clear,
         api._kvcache_memo.clear,
+        api._varlen_memo.clear,  # (its decisions' reasons name the packing)
     )
     for clear in clears:
         clear()

@@ -759,6 +759,59 @@ def test_kvcache_memo_hit_matches_first_call(layout, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["packed", "paged"])
+def test_varlen_memo_hit_matches_first_call(layout):
+    # A varlen call with an earlier call's signature skips validation and dispatch
+    # (api._varlen_memo): same output as the first call, the reference for other lengths of
+    # the same shapes, and a bad index value still raises through the memo hit
+    from cute_attn import api
+
+    h, hkv, d = 8, 2, 128
+    g = cuda_gen(33)
+    lens_q, lens_k, lens_k2 = [1, 4, 0, 2], [5, 300, 129, 7], [150, 150, 1, 140]
+    q = packed_rows(lens_q, h, d, torch.bfloat16, g)
+    if layout == "paged":
+        kc, vc, table = paged_cache(4, hkv, d, 64, 5, [320] * 4, g)
+        index = {"page_table": table}
+
+        def keys_of(ls):
+            return torch.cat([x[0] for x in dense_rows(kc, table, ls)]), torch.cat(
+                [x[0] for x in dense_rows(vc, table, ls)])  # fmt: skip
+    else:
+        kc, vc = (packed_rows([320] * 4, hkv, d, torch.bfloat16, g) for _ in range(2))
+        index = {"cu_seqlens_k": cu_lens([320] * 4)}
+
+        def keys_of(ls):
+            rows = torch.cat([torch.arange(b * 320, b * 320 + n) for b, n in enumerate(ls)])
+            return kc[rows.cuda()], vc[rows.cuda()]
+
+    def call(ls_k, ls_q=lens_q):
+        n = torch.tensor(ls_k, dtype=torch.int32, device="cuda")
+        return flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cu_lens(ls_q), seqused_k=n,
+                                      max_seqlen_q=4, max_seqlen_k=320, causal=True,
+                                      **index)  # fmt: skip
+
+    api._varlen_memo.clear()
+    try:
+        first = call(lens_k)
+        assert len(api._varlen_memo) == 1
+        second = call(lens_k)
+        assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+        assert cute_attn.last_dispatch().entry == "flash_attn_varlen_func"
+        for ls, (out, lse) in ((lens_k, second), (lens_k2, call(lens_k2))):
+            k, v = keys_of(ls)
+            ref, ref_lse, same = per_sequence_ref(q, k, v, lens_q, ls, causal=True)
+            assert_matches(out, lse, ref, ref_lse, same, empty_rows=lambda m: m.transpose(0, 1))
+        with pytest.raises(ValueError, match="seqused_k"):
+            call([5, 321, 129, 7])
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            call(lens_k, [1, 4, 3, -1])
+        assert len(api._varlen_memo) == 1  # every call above was a hit
+    finally:
+        api._varlen_memo.clear()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("ragged", [False, True], ids=["table", "ragged"])
 @pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged64", "paged16"])
 def test_kvcache_decode_wide_grid(layout, ragged, monkeypatch):
