@@ -7,7 +7,8 @@
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
-#   wide_tests  only their wide-grid ones (KV-cache, varlen, varlen over a cache)
+#   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view) and
+#               the memo-hit tests (KV-cache, varlen) of the packed-GQA and inference files
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
 #               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
 #               and fwd_pack_gqa_wide rest on
@@ -43,9 +44,10 @@ for step in "${steps[@]}"; do
     pack_tests)
       timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
-    wide_tests)
-      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
-          -k wide_grid > "$OUT/gpu_tests_wide_grid.log" 2>&1 ;;
+    new_tests)
+      timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
+          tests/test_inference_sm90.py -k "wide_grid or memo_hit" \
+          > "$OUT/gpu_tests_wide_memo.log" 2>&1 ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
@@ -93,7 +95,7 @@ for step in "${steps[@]}"; do
   echo "== $step rc=${rcs[$step]}"
   case "$step" in
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
-    wide_tests) tail -5 "$OUT/gpu_tests_wide_grid.log" ;;
+    new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
