@@ -130,7 +130,8 @@ _WIDE_INPUTS = frozenset({
 })  # fmt: skip
 # In-kernel packed GQA rows (tile_config.fwd_pack_gqa_wide) may take it from these, packed
 # sequences included (a serving engine's decode batch through the varlen entry: packed keys,
-# packed keys used to seqused_k, or pages).
+# packed keys used to seqused_k, or pages; the last two timed in the forty-seventh session,
+# 2.2-7.0% faster on it: tile_config.fwd_pack_gqa_wide).
 _WIDE_PACKED_INPUTS = _WIDE_INPUTS | {
     InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True),
     InputFeatures(cu_seqlens_q=True, cu_seqlens_k=True, seqused_k=True),

@@ -704,7 +704,11 @@ def fwd_pack_gqa_wide() -> bool:
     8k keys, 32 / 8 heads B=64 727.4 / 696.4 (unsplit, 512 CTAs), B=8 96.0 / 93.0 (2
     splits); 28 / 4 heads B=8 53.7 / 51.7, 40 / 8 B=8 95.6 / 92.1; B=1 Sk=32k 53.1 / 50.7
     (16 splits); packed sequences, 64 of one row over 8k keys 724.5 / 694.2 (the KV-cache
-    decode view: 694.2), 28 / 4 heads 64 of 4 rows over 2k 98.5 / 95.0."""
+    decode view: 694.2), 28 / 4 heads 64 of 4 rows over 2k 98.5 / 95.0. Forty-seventh
+    session (H100, pack_gqa_ab_wide_varlen_s47_h100.json), a decode batch of 64 sequences of
+    one row over 8k keys each, 32 / 8 heads: keys from pages of 16 (cu_seqlens_q,
+    seqused_k, page_table) 750.2 / 697.6, pages of 64 696.2 / 680.1, packed keys used to
+    seqused_k 690.4 / 675.3 (the KV-cache decode view of the same data 695.7, 679.7, 675.3)."""
     return True
 
 
