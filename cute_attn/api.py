@@ -98,6 +98,25 @@ _dense_memo: dict = {}
 _DENSE_MEMO_MAX = 4096
 
 
+def _remember(memo: dict, key: tuple, entry: tuple) -> None:
+    """Store a memo entry; a memo past _DENSE_MEMO_MAX entries starts over."""
+    if len(memo) >= _DENSE_MEMO_MAX:
+        memo.clear()
+    memo[key] = entry
+
+
+def _hit_check(values, q, *index):
+    """A memo hit's index-value check, built per call from the remembered `values` (a
+    KvcacheValues / VarlenValues, or None) where values are read: as _can_read_values (the
+    memos take plain tensors only, so not fake ones; nothing read under CUDA graph capture or
+    with CUTE_ATTN_CHECK_VALUES=0)."""
+    if values is None or not value_checks_enabled():
+        return None
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    return values.check(*index)
+
+
 def _dense_signature(q, k, v, knobs: tuple) -> tuple | None:
     """The memo key of a dense call, or None when it must take the full path (tensor
     subclasses such as fake tensors, a window that is not a 2-tuple). The scalar arguments
@@ -241,9 +260,7 @@ def _run(q, k, v, p, fallback, memo_key=None):
         if memo_key is not None:
             # bound after the call, so that the launcher's one-time allocation (a prototype
             # for lse) comes after this call's outputs, not between a free and their reuse
-            if len(_dense_memo) >= _DENSE_MEMO_MAX:
-                _dense_memo.clear()
-            _dense_memo[memo_key] = (p, d, fwd_sm90.dense_launcher(q, p))
+            _remember(_dense_memo, memo_key, (p, d, fwd_sm90.dense_launcher(q, p)))
         return result
     out, lse = reference.attention_ref(
         q, k, v, softmax_scale=p.softmax_scale, causal=False, window_size=_window(p),
@@ -299,12 +316,7 @@ def flash_attn_varlen_func(
         if hit is not None:
             p, decision, values = hit
             dispatch.replay(decision)
-            check = None
-            if values is not None and value_checks_enabled():
-                # (as _can_read_values: plain tensors here, so not fake; no reads in capture)
-                if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-                    check = values.check(*index)
-            return _varlen_kernel(q, k, v, p, check, *index)
+            return _varlen_kernel(q, k, v, p, _hit_check(values, q, *index), *index)
     p, values = validate_varlen_static(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
@@ -329,9 +341,7 @@ def flash_attn_varlen_func(
     if d.impl == "sm90_fwd":
         res = _varlen_kernel(q, k, v, p, check, *index)
         if key is not None:  # remembered after the call, as the dense entry's (_run)
-            if len(_varlen_memo) >= _DENSE_MEMO_MAX:
-                _varlen_memo.clear()
-            _varlen_memo[key] = (p, d, values)
+            _remember(_varlen_memo, key, (p, d, values))
         return res
     if check is not None:
         check.wait()  # the reference indexes with the values: check them first
@@ -375,7 +385,7 @@ def _varlen_kernel(q, k, v, p, check, cu_seqlens_q, cu_seqlens_k, seqused_q, seq
 # max_seqlen_k, which must be ints; whether gradients are needed, which dispatch reads) matches
 # an earlier call that the kernel served reuses its problem, decision and value-check
 # description: the index values are still checked on every call. Measured in
-# docs/perf/README.md ("Varlen host fast path").
+# docs/perf/README.md (forty-seventh session).
 _varlen_memo: dict = {}
 
 
@@ -455,11 +465,7 @@ def flash_attn_with_kvcache(
         if hit is not None:
             p, decision, values, launch = hit
             dispatch.replay(decision)
-            check = None
-            if values is not None and value_checks_enabled():
-                # (as _can_read_values: a plain tensor here, so not fake; no reads in capture)
-                if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-                    check = values.check(cache_seqlens, cache_batch_idx, page_table)
+            check = _hit_check(values, q, cache_seqlens, cache_batch_idx, page_table)
             if launch is None:
                 return _kvcache_kernel(q, k_cache, v_cache, p, check, cache_seqlens,
                                        cache_batch_idx, page_table)  # fmt: skip
@@ -551,13 +557,11 @@ def _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page
 
 def _remember_kvcache(key, p, d, values, q, k_cache, v_cache, page_table,
                       cache_batch_idx) -> None:  # fmt: skip
-    if len(_kvcache_memo) >= _DENSE_MEMO_MAX:
-        _kvcache_memo.clear()
     launch = fwd_sm90.kvcache_launcher(
         q, k_cache, v_cache, p, batch_idx=cache_batch_idx is not None,
         paged=page_table is not None,
     )  # fmt: skip
-    _kvcache_memo[key] = (p, d, values, launch)
+    _remember(_kvcache_memo, key, (p, d, values, launch))
 
 
 def _kvcache_op(q, k_cache, v_cache, k, v, p, cache_seqlens, cache_batch_idx, page_table,
