@@ -98,6 +98,17 @@ _dense_memo: dict = {}
 _DENSE_MEMO_MAX = 4096
 
 
+def _lookup(memo: dict, key: tuple | None) -> tuple:
+    """(memo entry or None, key or None): a key with an unhashable argument finds nothing and
+    is dropped (the full path's validation names what is wrong with it)."""
+    if key is None:
+        return None, None
+    try:
+        return memo.get(key), key
+    except TypeError:
+        return None, None
+
+
 def _remember(memo: dict, key: tuple, entry: tuple) -> None:
     """Store a memo entry; a memo past _DENSE_MEMO_MAX entries starts over."""
     if len(memo) >= _DENSE_MEMO_MAX:
@@ -175,19 +186,15 @@ def flash_attn_func(
              fallback)  # fmt: skip
     # (under torch.compile the call is traced into the custom op below: no memo)
     key = None if torch.compiler.is_compiling() else _dense_signature(q, k, v, knobs)
-    if key is not None:
-        try:
-            hit = _dense_memo.get(key)
-        except TypeError:  # an unhashable argument: validation names what is wrong with it
-            hit = key = None
-        if hit is not None:
-            p, decision, launch = hit
-            dispatch.replay(decision)
-            if _needs_grad(q, k, v):
-                return _KernelAttn.apply(q, k, v, p)
-            if launch is not None:
-                return launch(q, k, v)
-            return fwd_sm90.run_fwd(q, k, v, p)
+    hit, key = _lookup(_dense_memo, key)
+    if hit is not None:
+        p, decision, launch = hit
+        dispatch.replay(decision)
+        if _needs_grad(q, k, v):
+            return _KernelAttn.apply(q, k, v, p)
+        if launch is not None:
+            return launch(q, k, v)
+        return fwd_sm90.run_fwd(q, k, v, p)
     p = validate_dense(
         q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
@@ -308,15 +315,11 @@ def flash_attn_varlen_func(
     key = None
     if not torch.compiler.is_compiling():
         key = _varlen_signature(q, k, v, index, max_seqlen_q, max_seqlen_k, knobs)
-    if key is not None:
-        try:
-            hit = _varlen_memo.get(key)
-        except TypeError:  # an unhashable argument: validation names what is wrong with it
-            hit = key = None
-        if hit is not None:
-            p, decision, values = hit
-            dispatch.replay(decision)
-            return _varlen_kernel(q, k, v, p, _hit_check(values, q, *index), *index)
+    hit, key = _lookup(_varlen_memo, key)
+    if hit is not None:
+        p, decision, values = hit
+        dispatch.replay(decision)
+        return _varlen_kernel(q, k, v, p, _hit_check(values, q, *index), *index)
     p, values = validate_varlen_static(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
@@ -390,11 +393,19 @@ _varlen_memo: dict = {}
 
 
 def _varlen_signature(q, k, v, index, max_seqlen_q, max_seqlen_k, knobs) -> tuple | None:
-    """The memo key of a varlen call, or None when it must take the full path (tensor
-    subclasses, max_seqlen_q / max_seqlen_k not ints, a window that is not a 2-tuple)."""
-    if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
-        return None
+    """The memo key of a varlen call, or None when it must take the full path (as
+    _indexed_signature; max_seqlen_q / max_seqlen_k not ints)."""
     if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        return None
+    return _indexed_signature(q, k, v, index, knobs, max_seqlen_q, max_seqlen_k,
+                              _needs_grad(q, k, v))  # fmt: skip
+
+
+def _indexed_signature(q, k, v, index, knobs, *extra) -> tuple | None:
+    """The memo key of a call with index tensors (`index`, each a tensor or None; the
+    KV-cache and varlen entries) and plain values `extra`, as _dense_signature, or None:
+    tensor subclasses, a window that is not a 2-tuple."""
+    if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
         return None
     for t in index:
         if t is not None and type(t) is not _Tensor:
@@ -405,8 +416,8 @@ def _varlen_signature(q, k, v, index, max_seqlen_q, max_seqlen_k, knobs) -> tupl
     return (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
         v.dtype, q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
-        *map(_index_meta, index), max_seqlen_q, max_seqlen_k, _needs_grad(q, k, v),
-        *knobs, *window, *map(type, knobs), *map(type, window),
+        *map(_index_meta, index), *extra, *knobs, *window, *map(type, knobs),
+        *map(type, window),
     )  # fmt: skip
 
 
@@ -457,25 +468,21 @@ def flash_attn_with_kvcache(
         if not torch.compiler.is_compiling():
             key = _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
                                      page_table, knobs)  # fmt: skip
-    if key is not None:
-        try:
-            hit = _kvcache_memo.get(key)
-        except TypeError:  # an unhashable argument: validation names what is wrong with it
-            hit = key = None
-        if hit is not None:
-            p, decision, values, launch = hit
-            dispatch.replay(decision)
-            check = _hit_check(values, q, cache_seqlens, cache_batch_idx, page_table)
-            if launch is None:
-                return _kvcache_kernel(q, k_cache, v_cache, p, check, cache_seqlens,
-                                       cache_batch_idx, page_table)  # fmt: skip
-            if check is not None:
-                check.defer(fwd_sm90.index_flags)
-            # the signature holds int32 (B,) cache_seqlens on q's device, unit-stride indices
-            res = launch(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table)
-            if check is not None:
-                check.wait()
-            return res
+    hit, key = _lookup(_kvcache_memo, key)
+    if hit is not None:
+        p, decision, values, launch = hit
+        dispatch.replay(decision)
+        check = _hit_check(values, q, cache_seqlens, cache_batch_idx, page_table)
+        if launch is None:
+            return _kvcache_kernel(q, k_cache, v_cache, p, check, cache_seqlens,
+                                   cache_batch_idx, page_table)  # fmt: skip
+        if check is not None:
+            check.defer(fwd_sm90.index_flags)
+        # the signature holds int32 (B,) cache_seqlens on q's device, unit-stride indices
+        res = launch(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table)
+        if check is not None:
+            check.wait()
+        return res
 
     p, values = validate_kvcache_static(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
@@ -534,25 +541,12 @@ def _index_meta(t):
 
 
 def _kvcache_signature(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table, knobs):
-    """The memo key of a read-only KV-cache call (as _dense_signature), or None: tensor
-    subclasses, a window that is not a 2-tuple, lengths that are not a plain tensor."""
-    if type(q) is not _Tensor or type(k_cache) is not _Tensor or type(v_cache) is not _Tensor:
-        return None
+    """The memo key of a read-only KV-cache call (as _indexed_signature), or None: lengths that
+    are not a plain tensor too."""
     if type(cache_seqlens) is not _Tensor:
         return None
-    for t in (cache_batch_idx, page_table):
-        if t is not None and type(t) is not _Tensor:
-            return None
-    window = knobs[2]
-    if type(window) is not tuple or len(window) != 2:
-        return None
-    return (
-        q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(),
-        q.dtype, k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device,
-        (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15,
-        _index_meta(cache_seqlens), _index_meta(cache_batch_idx), _index_meta(page_table),
-        *knobs, *window, *map(type, knobs), *map(type, window),
-    )  # fmt: skip
+    index = (cache_seqlens, cache_batch_idx, page_table)
+    return _indexed_signature(q, k_cache, v_cache, index, knobs)
 
 
 def _remember_kvcache(key, p, d, values, q, k_cache, v_cache, page_table,

@@ -294,21 +294,44 @@ def test_fast_path_keeps_type_errors(served_on_cpu):
 
 
 # ----------------------------------------------- the KV-cache entry's host fast path (memo)
-@pytest.fixture
-def kvcache_served_on_cpu(monkeypatch):
-    """CPU KV-cache calls treated as served by the SM90 kernel: dispatch says so, the kernel
-    and the bound launcher are stubs, validation and value checks are counted."""
-    from cute_attn import api, fwd_sm90, validation
+def _stub_served(monkeypatch, calls: dict, static_name: str) -> None:
+    """The kernel path's surroundings for CPU calls: `api.<static_name>` (validation) counted,
+    dispatch serving every call with the SM90 kernel (counted), and value checks that record
+    their index_args instead of launching or reading anything."""
+    from cute_attn import api, validation
 
-    calls = {"validate": 0, "run": 0, "launch": [], "defer": 0, "wait": 0, "checked": []}
-    real_static = api.validate_kvcache_static
+    calls.update(validate=0, select=0, defer=0, wait=0, checked=[])
+    real_static = getattr(api, static_name)
 
     def counting_static(*a, **kw):
         calls["validate"] += 1
         return real_static(*a, **kw)
 
     def select(p, tensors, fallback=None, entry="flash_attn_func"):
+        calls["select"] += 1
         return dispatch._record(dispatch.Decision("sm90_fwd", "sm_90a", "stub", entry))
+
+    def defer(self, flags_fn):
+        calls["defer"] += 1
+        calls["checked"].append(self.index_args)
+
+    def wait(self):
+        calls["wait"] += 1
+
+    monkeypatch.setattr(api, static_name, counting_static)
+    monkeypatch.setattr(dispatch, "select", select)
+    monkeypatch.setattr(validation.ValueCheck, "defer", defer)
+    monkeypatch.setattr(validation.ValueCheck, "wait", wait)
+
+
+@pytest.fixture
+def kvcache_served_on_cpu(monkeypatch):
+    """CPU KV-cache calls treated as served by the SM90 kernel: dispatch says so, the kernel
+    and the bound launcher are stubs, validation and value checks are counted."""
+    from cute_attn import api, fwd_sm90
+
+    calls = {"run": 0, "launch": []}
+    _stub_served(monkeypatch, calls, "validate_kvcache_static")
 
     def run_fwd_kvcache(q, k_cache, v_cache, p, **kw):
         calls["run"] += 1
@@ -321,19 +344,8 @@ def kvcache_served_on_cpu(monkeypatch):
 
         return launch
 
-    def defer(self, flags_fn):
-        calls["defer"] += 1
-        calls["checked"].append(self.index_args[1])
-
-    def wait(self):
-        calls["wait"] += 1
-
-    monkeypatch.setattr(api, "validate_kvcache_static", counting_static)
-    monkeypatch.setattr(dispatch, "select", select)
     monkeypatch.setattr(fwd_sm90, "run_fwd_kvcache", run_fwd_kvcache)
     monkeypatch.setattr(fwd_sm90, "kvcache_launcher", launcher)
-    monkeypatch.setattr(validation.ValueCheck, "defer", defer)
-    monkeypatch.setattr(validation.ValueCheck, "wait", wait)
     api._kvcache_memo.clear()
     yield calls
     api._kvcache_memo.clear()
@@ -365,7 +377,7 @@ def test_kvcache_fast_path_skips_validation_and_checks_each_call(kvcache_served_
     assert args[0] is q2 and args[1] is kc and args[3] is lens2  # the call's own tensors
     # each call's own index values are checked: deferred and read after the launch
     assert calls["defer"] == calls["wait"] == 2
-    assert calls["checked"][0][3] is lens and calls["checked"][1][3] is lens2
+    assert calls["checked"][0][1][3] is lens and calls["checked"][1][1][3] is lens2
 
 
 def test_kvcache_fast_path_misses(kvcache_served_on_cpu, monkeypatch):
@@ -423,37 +435,18 @@ def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypat
 # --------------------------------------------------- the varlen entry's host fast path (memo)
 @pytest.fixture
 def varlen_served_on_cpu(monkeypatch):
-    """CPU varlen calls treated as served by the SM90 kernel: dispatch says so (and counts
-    its calls), the kernel is a stub, validation and value checks are counted."""
-    from cute_attn import api, fwd_sm90, validation
+    """CPU varlen calls treated as served by the SM90 kernel: dispatch says so, the kernel is a
+    stub, validation, dispatch and value checks are counted."""
+    from cute_attn import api, fwd_sm90
 
-    calls = {"validate": 0, "select": 0, "run": [], "defer": 0, "wait": 0, "checked": []}
-    real_static = api.validate_varlen_static
-
-    def counting_static(*a, **kw):
-        calls["validate"] += 1
-        return real_static(*a, **kw)
-
-    def select(p, tensors, fallback=None, entry="flash_attn_func"):
-        calls["select"] += 1
-        return dispatch._record(dispatch.Decision("sm90_fwd", "sm_90a", "stub", entry))
+    calls = {"run": []}
+    _stub_served(monkeypatch, calls, "validate_varlen_static")
 
     def run_fwd_varlen(q, k, v, p, **kw):
         calls["run"].append((q, kw))
         return ("run", p)
 
-    def defer(self, flags_fn):
-        calls["defer"] += 1
-        calls["checked"].append(self.index_args)
-
-    def wait(self):
-        calls["wait"] += 1
-
-    monkeypatch.setattr(api, "validate_varlen_static", counting_static)
-    monkeypatch.setattr(dispatch, "select", select)
     monkeypatch.setattr(fwd_sm90, "run_fwd_varlen", run_fwd_varlen)
-    monkeypatch.setattr(validation.ValueCheck, "defer", defer)
-    monkeypatch.setattr(validation.ValueCheck, "wait", wait)
     api._varlen_memo.clear()
     yield calls
     api._varlen_memo.clear()
