@@ -317,9 +317,13 @@ def flash_attn_varlen_func(
         key = _varlen_signature(q, k, v, index, max_seqlen_q, max_seqlen_k, knobs)
     hit, key = _lookup(_varlen_memo, key)
     if hit is not None:
-        p, decision, values = hit
+        p, decision, values, launch = hit
         dispatch.replay(decision)
-        return _varlen_kernel(q, k, v, p, _hit_check(values, q, *index), *index)
+        check = _hit_check(values, q, *index)
+        if launch is None:
+            return _varlen_kernel(q, k, v, p, check, *index)
+        # the signature holds the index tensors' strides: unit ones where a launcher is bound
+        return _checked_launch(check, launch, q, k, v, *index)
     p, values = validate_varlen_static(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
@@ -343,8 +347,11 @@ def flash_attn_varlen_func(
                         entry="flash_attn_varlen_func")  # fmt: skip
     if d.impl == "sm90_fwd":
         res = _varlen_kernel(q, k, v, p, check, *index)
-        if key is not None:  # remembered after the call, as the dense entry's (_run)
-            _remember(_varlen_memo, key, (p, d, values))
+        if key is not None:  # bound after the call, as the dense entry's (_run)
+            launch = None
+            if not _needs_grad(q, k, v):  # (a call with gradients goes through autograd)
+                launch = fwd_sm90.varlen_launcher(q, k, p, *index)
+            _remember(_varlen_memo, key, (p, d, values, launch))
         return res
     if check is not None:
         check.wait()  # the reference indexes with the values: check them first
@@ -362,24 +369,35 @@ def _varlen_kernel(q, k, v, p, check, cu_seqlens_q, cu_seqlens_k, seqused_q, seq
     """The SM90 forward of a varlen call that dispatch gave the kernel. The index checks are
     flagged on the device and read after the launch, as for a read-only KV-cache call (the
     kernel clamps offsets and lengths into its tensors)."""
-    if check is not None:
-        check.defer(fwd_sm90.index_flags)
+    return _checked_launch(check, _varlen_run, q, k, v, p, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                           seqused_k, page_table)  # fmt: skip
+
+
+def _varlen_run(q, k, v, p, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table):
     if _needs_grad(q, k, v):
         # dispatch served it, so only cu_seqlens_q / cu_seqlens_k are given
-        res = _KernelAttnVarlen.apply(
+        return _KernelAttnVarlen.apply(
             q, k, v, p, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         )
-    else:
-        res = fwd_sm90.run_fwd_varlen(
-            q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
-            cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
-            seqused_k=None if seqused_k is None else seqused_k.contiguous(),
-            max_seqlen_q=p.seqlen_q,
-            page_table=None if page_table is None else _rows_contiguous(page_table),
-            seqused_q=None if seqused_q is None else seqused_q.contiguous(),
-        )  # fmt: skip
+    return fwd_sm90.run_fwd_varlen(
+        q, k, v, p, cu_seqlens_q=cu_seqlens_q.contiguous(),
+        cu_seqlens_k=None if cu_seqlens_k is None else cu_seqlens_k.contiguous(),
+        seqused_k=None if seqused_k is None else seqused_k.contiguous(),
+        max_seqlen_q=p.seqlen_q,
+        page_table=None if page_table is None else _rows_contiguous(page_table),
+        seqused_q=None if seqused_q is None else seqused_q.contiguous(),
+    )  # fmt: skip
+
+
+def _checked_launch(check, launch, *args, **kw):
+    """launch(*args, **kw) with a given index-value check deferred behind its flags launch (one
+    launch ahead of the kernel) and read after the kernel's: it raises on a bad value, and the
+    launched kernel stayed in bounds (it clamps offsets and lengths into its tensors)."""
     if check is not None:
-        check.wait()  # raises on a bad index value; the launched kernel stayed in bounds
+        check.defer(fwd_sm90.index_flags)
+    res = launch(*args, **kw)
+    if check is not None:
+        check.wait()
     return res
 
 
@@ -476,13 +494,9 @@ def flash_attn_with_kvcache(
         if launch is None:
             return _kvcache_kernel(q, k_cache, v_cache, p, check, cache_seqlens,
                                    cache_batch_idx, page_table)  # fmt: skip
-        if check is not None:
-            check.defer(fwd_sm90.index_flags)
         # the signature holds int32 (B,) cache_seqlens on q's device, unit-stride indices
-        res = launch(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, page_table)
-        if check is not None:
-            check.wait()
-        return res
+        return _checked_launch(check, launch, q, k_cache, v_cache, cache_seqlens,
+                               cache_batch_idx, page_table)  # fmt: skip
 
     p, values = validate_kvcache_static(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
@@ -578,17 +592,13 @@ def _kvcache_op(q, k_cache, v_cache, k, v, p, cache_seqlens, cache_batch_idx, pa
 
 def _kvcache_kernel(q, k_cache, v_cache, p, check, seqused_k, cache_batch_idx, page_table):
     """The SM90 kernel over a validated, already appended cache; a given check is deferred
-    behind its flags launch and read after the kernel's."""
-    if check is not None:
-        check.defer(fwd_sm90.index_flags)  # one launch ahead of the kernel, read after it
-    res = fwd_sm90.run_fwd_kvcache(
-        q, k_cache, v_cache, p, seqused_k=seqused_k.contiguous(),
+    behind its flags launch and read after the kernel's (_checked_launch)."""
+    return _checked_launch(
+        check, fwd_sm90.run_fwd_kvcache, q, k_cache, v_cache, p,
+        seqused_k=seqused_k.contiguous(),
         kv_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
         page_table=None if page_table is None else _rows_contiguous(page_table),
     )  # fmt: skip
-    if check is not None:
-        check.wait()  # raises on a bad index value; the launched kernel stayed in bounds
-    return res
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:

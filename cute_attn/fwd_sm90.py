@@ -605,13 +605,48 @@ def kvcache_launcher(q, k_cache, v_cache, p: AttnProblem, *, batch_idx: bool, pa
     return _bound_launch(q, p, feats, sq, capacity, _pack_decode(p, sq))
 
 
-def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seqlen_k, pack):
+def varlen_launcher(q, k, p: AttnProblem, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                    page_table):  # fmt: skip
+    """A launcher `(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) ->
+    (out, lse)` for later varlen calls with this exact signature (the entry's memo holds it),
+    or None where run_fwd_varlen does more than allocate and launch (empty sizes, the gathered
+    page route) or an index tensor would need a copy (strided: `.contiguous()` per call)."""
+    total_q, batch = q.shape[0], cu_seqlens_q.shape[0] - 1
+    paged = page_table is not None
+    if total_q == 0 or batch == 0 or p.seqlen_q == 0 or k.shape[0] == 0:
+        return None
+    if paged and (page_table.shape[1] * k.shape[1] == 0 or paged_route(p) == "gather"):
+        return None
+    for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+        if t is not None and not t.is_contiguous():
+            return None
+    if paged and page_table.stride(-1) != 1:
+        return None
+    feats = InputFeatures(
+        cu_seqlens_q=True, cu_seqlens_k=cu_seqlens_k is not None, seqused_q=seqused_q is not None,
+        seqused_k=seqused_k is not None, paged_kv=paged,
+    )  # fmt: skip
+    # run_fwd_varlen's launch: one batch row of total_q query rows, dense keys as one row too
+    inner = _bound_launch(q.unsqueeze(0), p, feats, p.seqlen_q, p.seqlen_k, False, batch=batch)
+
+    def launch(q, k, v, cu_q, cu_k, used_q, used_k, pages):
+        if pages is None:
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
+        out, lse = inner(q.unsqueeze(0), k, v, used_k, None, pages, cu_q, cu_k, used_q)
+        return out[0], lse[0]
+
+    return launch
+
+
+def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seqlen_k, pack,
+                  batch=None):  # fmt: skip
     """What `_run` does for q's exact signature, with the plan, shapes and packed views
-    computed once: per call, the allocations (2, or 4 with split partials), the packed views
-    and the launches (one, or two with the combine)."""
+    computed once: per call, the allocations (2, or 4 with split partials), the fill of
+    seqused_q's empty rows, the packed views and the launches (one, or two with the combine).
+    batch: the problem's (cu_seqlens_q's sequences), where q is the one row of packed ones."""
     b, sq, h, _ = q.shape
     index = q.device.index
-    plan = _plan(p, features, b, max_seqlen_q, seqlen_k, pack, index)
+    plan = _plan(p, features, b if batch is None else batch, max_seqlen_q, seqlen_k, pack, index)
     fn, combine, scalars = plan.fn, plan.combine, plan.scalars
     splits, group, partials = plan.splits, plan.group, plan.partials
     stacked = splits if partials else 1  # batch rows of the kernel's out / lse per batch row
@@ -656,17 +691,22 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
 
         return launch_one
 
-    def launch(q, k, v, seqused_k=None, kv_batch_idx=None, page_table=None):
+    fill_rows = features.seqused_q
+
+    def launch(q, k, v, seqused_k=None, kv_batch_idx=None, page_table=None, cu_q=None,
+               cu_k=None, seqused_q=None):  # fmt: skip
         # q's dtype and device, contiguous
         out = empty_like(q, memory_format=contiguous) if same_shape else q.new_empty(out_shape)
         lse = empty_like(lse_proto, memory_format=contiguous)
         o_k, l_k = out, lse
         if partials:  # fp32, stacked along batch (as in _run)
             o_k, l_k = q.new_empty(part_o, dtype=f32), q.new_empty(part_l, dtype=f32)
+        if fill_rows:  # rows past seqused_q are never computed (as in _run)
+            _empty_rows(o_k, l_k)
         qk, ok, lk = q, o_k, l_k
         if group > 1:
             qk, ok, lk = q.as_strided(*q_view), o_k.as_strided(*o_view), l_k.as_strided(*l_view)
-        tail = (None, None, None, seqused_k, kv_batch_idx, page_table, None)
+        tail = (cu_q, cu_k, seqused_q, seqused_k, kv_batch_idx, page_table, None)
         if current() == index:
             fn(qk, k, v, ok, lk, *scalars, *tail)
             if partials:

@@ -46,7 +46,7 @@ for step in "${steps[@]}"; do
           > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
     new_tests)
       timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
-          tests/test_inference_sm90.py -k "wide_grid or memo_hit" \
+          tests/test_inference_sm90.py -k "wide_grid or memo_hit or bound_launcher" \
           > "$OUT/gpu_tests_wide_memo.log" 2>&1 ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \

@@ -9,7 +9,8 @@ CUTE_ATTN_CHECK_VALUES=0, B=64 also paged). The tiny call and the B=1 KV-cache c
 per-piece breakdown of their host time (each piece timed alone in a loop), the tiny call's
 with torch SDPA and FA4 (when installed) on the same tensors as yardsticks. --varlen-only:
 a decode batch through `flash_attn_varlen_func` (B sequences of one query row over packed
-keys) with and without the entry's memo (api._varlen_memo), with and without value checks.
+keys) with and without the entry's memo (api._varlen_memo), with the memo's hits without
+its bound launcher (fwd_sm90.varlen_launcher), each with and without value checks.
 
     python3 scripts/host_overhead.py [--out host.json] [--profile] [--tiny-only | --varlen-only]
 """
@@ -24,10 +25,11 @@ import time
 import torch
 
 import cute_attn
-from cute_attn import api
+from cute_attn import api, fwd_sm90
 from cute_attn.bench import capture_graph
 
 _varlen_signature = api._varlen_signature
+_launcher = fwd_sm90.varlen_launcher
 
 
 def _events(fn, reps=50):
@@ -206,7 +208,8 @@ def main():
     if args.varlen_only:
         cases = [(f"varlen {kind[7:]} b{b} sk{sk} h32/8 d128", b, 1, sk, 32, 8, 128, kind)
                  for b, sk in ((1, 4096), (8, 8192))
-                 for kind in ("varlen memo", "varlen nomemo", "varlen memo nochecks",
+                 for kind in ("varlen memo", "varlen nolauncher", "varlen nomemo",
+                              "varlen memo nochecks", "varlen nolauncher nochecks",
                               "varlen nomemo nochecks")]  # fmt: skip
         args.tiny_only = True
     for b, sk in () if args.tiny_only else ((1, 32768), (8, 8192), (64, 8192), (128, 2048)):
@@ -256,6 +259,8 @@ def main():
         # the memo off: every call takes the full path (validation and dispatch)
         api._varlen_memo.clear()
         api._varlen_signature = (lambda *a: None) if "nomemo" in kind else _varlen_signature
+        # memo hits without the bound launcher: the forward's own path (run_fwd_varlen)
+        fwd_sm90.varlen_launcher = (lambda *a: None) if "nolauncher" in kind else _launcher
 
         fn()
         parts = None

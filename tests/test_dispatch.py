@@ -435,18 +435,28 @@ def test_kvcache_fast_path_without_value_checks(kvcache_served_on_cpu, monkeypat
 # --------------------------------------------------- the varlen entry's host fast path (memo)
 @pytest.fixture
 def varlen_served_on_cpu(monkeypatch):
-    """CPU varlen calls treated as served by the SM90 kernel: dispatch says so, the kernel is a
-    stub, validation, dispatch and value checks are counted."""
+    """CPU varlen calls treated as served by the SM90 kernel: dispatch says so, the kernel and
+    the bound launcher are stubs, validation, dispatch and value checks are counted."""
     from cute_attn import api, fwd_sm90
 
-    calls = {"run": []}
+    calls = {"run": [], "launch": [], "bound": 0}
     _stub_served(monkeypatch, calls, "validate_varlen_static")
 
     def run_fwd_varlen(q, k, v, p, **kw):
         calls["run"].append((q, kw))
         return ("run", p)
 
+    def launcher(q, k, p, *index):
+        calls["bound"] += 1
+
+        def launch(*args):
+            calls["launch"].append(args)
+            return ("launched", p)
+
+        return launch
+
     monkeypatch.setattr(fwd_sm90, "run_fwd_varlen", run_fwd_varlen)
+    monkeypatch.setattr(fwd_sm90, "varlen_launcher", launcher)
     api._varlen_memo.clear()
     yield calls
     api._varlen_memo.clear()
@@ -479,10 +489,13 @@ def test_varlen_fast_path_skips_validation_and_checks_each_call(varlen_served_on
     second = cute_attn.flash_attn_varlen_func(q2, k, k, max_seqlen_q=4, max_seqlen_k=30,
                                               causal=True, cu_seqlens_q=index["cu_seqlens_q"],
                                               cu_seqlens_k=cu_k2)  # fmt: skip
-    assert second == ("run", first[1])  # the very problem validation built
+    assert second == ("launched", first[1])  # the very problem validation built
     assert calls["validate"] == calls["select"] == 1
     assert cute_attn.last_dispatch().entry == "flash_attn_varlen_func"
-    assert calls["run"][1][0] is q2 and calls["run"][1][1]["cu_seqlens_k"] is cu_k2
+    # the bound launcher runs with the call's own tensors, index tensors in the entry's order
+    (args,) = calls["launch"]
+    assert args[0] is q2 and args[1] is args[2] is k and args[3] is index["cu_seqlens_q"]
+    assert args[4] is cu_k2 and args[5:] == (None, None, None)
     # each call's own index values are checked: deferred and read after the launch
     assert calls["defer"] == calls["wait"] == 2
     assert calls["checked"][0][1][1] is index["cu_seqlens_k"] and calls["checked"][1][1][1] is cu_k2
@@ -493,7 +506,25 @@ def test_varlen_fast_path_skips_validation_and_checks_each_call(varlen_served_on
         res = cute_attn.flash_attn_varlen_func(q.clone().requires_grad_(), k, k, max_seqlen_q=4,
                                                max_seqlen_k=30, causal=True, **index)  # fmt: skip
         assert res == ("autograd",)
-    assert calls["validate"] == calls["select"] == 2 and len(calls["run"]) == 2
+    # (bound for the first signature only: the kernel path with gradients is autograd's)
+    assert calls["validate"] == calls["select"] == 2 and calls["bound"] == 1
+    assert len(calls["run"]) == len(calls["launch"]) == 1
+
+
+def test_varlen_fast_path_without_launcher(varlen_served_on_cpu, monkeypatch):
+    # no bound launcher (gathered pages, empty sizes, strided index tensors): a memo hit still
+    # skips validation and runs the kernel path with the call's own tensors, checked
+    from cute_attn import fwd_sm90
+
+    calls = varlen_served_on_cpu
+    monkeypatch.setattr(fwd_sm90, "varlen_launcher", lambda *a: None)
+    q, kc, index = _varlen_inputs(paged=True)
+    for _ in range(3):
+        out = cute_attn.flash_attn_varlen_func(q, kc, kc, max_seqlen_q=4, max_seqlen_k=32,
+                                               **index)  # fmt: skip
+    assert out[0] == "run" and len(calls["run"]) == 3 and calls["validate"] == 1
+    assert calls["defer"] == calls["wait"] == 3 and calls["launch"] == []
+    assert calls["run"][2][1]["page_table"] is index["page_table"]
 
 
 def test_varlen_fast_path_misses(varlen_served_on_cpu, monkeypatch):
@@ -502,7 +533,7 @@ def test_varlen_fast_path_misses(varlen_served_on_cpu, monkeypatch):
     kw = dict(max_seqlen_q=4, max_seqlen_k=32, **index)
     for _ in range(2):
         cute_attn.flash_attn_varlen_func(q, kc, kc, **kw)
-    assert calls["validate"] == 1 and len(calls["run"]) == 2
+    assert calls["validate"] == 1 and len(calls["run"]) == len(calls["launch"]) == 1
     assert calls["checked"][1][2:] == (7, -1, 32, 4, 32, 0, 16, 10)
     # another max_seqlen, page table shape, scalar, scalar type or index tensor set takes the
     # full path
@@ -596,6 +627,73 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, cluster):
     assert c_bound[2] is out2 and c_bound[3] is lse2
     # the (packed) partials are views of the stacked ones the combine reads
     assert a_bound[3].data_ptr() == c_bound[0].data_ptr()
+
+
+@pytest.mark.parametrize(
+    "splits,used_q,paged", [(1, False, False), (3, False, False), (1, True, False),
+                            (3, True, False), (1, False, True), (2, True, True)],
+)  # fmt: skip
+def test_varlen_launcher_matches_run_fwd_varlen(monkeypatch, splits, used_q, paged):
+    # the varlen entry's bound launcher passes the kernels what run_fwd_varlen does (packed
+    # rows as one batch row, dense keys viewed as one, seqused_q's rows filled, split partials
+    # and the combine's stacked views), with fresh outputs per call; None where
+    # run_fwd_varlen does more (gathered pages, empty sizes) or an index tensor is strided
+    from cute_attn import fwd_sm90
+    from cute_attn.validation import validate_varlen_static
+
+    seen = {"fn": [], "combine": []}
+    plan = fwd_sm90._Plan(
+        fn=lambda *a: seen["fn"].append(a), combine=lambda *a: seen["combine"].append(a),
+        scalars=(1.0, 1.0, 0, 0, 4, splits), splits=splits, group=1,
+    )  # fmt: skip
+    monkeypatch.setattr(fwd_sm90, "_plan", lambda *a: plan)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    q = torch.randn(7, 8, 64, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 1, 5, 7], dtype=torch.int32)
+    index = dict(cu_seqlens_q=cu_q, cu_seqlens_k=torch.tensor([0, 5, 35, 40], dtype=torch.int32),
+                 seqused_q=None, seqused_k=None, page_table=None)  # fmt: skip
+    k = torch.randn(40, 2, 64, dtype=torch.bfloat16)
+    if paged:
+        k = torch.randn(10, 16, 2, 64, dtype=torch.bfloat16)
+        index.update(cu_seqlens_k=None, seqused_k=torch.tensor([3, 32, 0], dtype=torch.int32),
+                     page_table=torch.arange(6, dtype=torch.int32).view(3, 2))  # fmt: skip
+    if used_q:
+        index["seqused_q"] = torch.tensor([1, 2, 0], dtype=torch.int32)
+    p, _ = validate_varlen_static(
+        q, k, k, max_seqlen_q=4, max_seqlen_k=32, softmax_scale=None, causal=True,
+        window_size=(None, None), softcap=0.0, num_splits=0, pack_gqa=None,
+        deterministic=False, **index,
+    )  # fmt: skip
+    out, lse = fwd_sm90.run_fwd_varlen(q, k, k, p, max_seqlen_q=p.seqlen_q, **index)
+    launch = fwd_sm90.varlen_launcher(q, k, p, *index.values())
+    out2, lse2 = launch(q, k, k, *index.values())
+    assert (out2.shape, out2.stride(), out2.dtype) == (out.shape, out.stride(), out.dtype)
+    assert (lse2.shape, lse2.stride(), lse2.dtype) == (lse.shape, lse.stride(), lse.dtype)
+
+    def layout(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return (x.shape, x.stride(), x.dtype, x.storage_offset())
+
+    (a_run, a_bound) = seen["fn"]
+    assert [layout(x) for x in a_run] == [layout(x) for x in a_bound]
+    assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[1].data_ptr() == k.data_ptr()
+    for i, name in enumerate(index):  # the call's own index tensors
+        assert a_bound[11 + i + (i > 3)] is index[name]
+    if used_q:  # rows past seqused_q: out 0 / lse -inf before the launch (or the partials)
+        assert bool((a_bound[3] == 0).all()) and bool((a_bound[4] == float("-inf")).all())
+    if splits == 1:
+        assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
+    else:
+        (c_run, c_bound) = seen["combine"]
+        assert [layout(x) for x in c_run] == [layout(x) for x in c_bound]
+        assert c_bound[2].data_ptr() == out2.data_ptr() and c_bound[3].data_ptr() == lse2.data_ptr()
+    # not bound: a strided index tensor, the gathered page route, no keys
+    strided = torch.tensor([0, 0, 1, 0, 5, 0, 7, 0], dtype=torch.int32)[::2]
+    assert fwd_sm90.varlen_launcher(q, k, p, strided, *list(index.values())[1:]) is None
+    monkeypatch.setattr(fwd_sm90, "paged_route", lambda p: "gather" if p.paged else None)
+    assert (fwd_sm90.varlen_launcher(q, k, p, *index.values()) is None) == paged
+    assert fwd_sm90.varlen_launcher(q, k[:0], p, *index.values()) is None
 
 
 def test_backward_reason_names_the_padded_head_dim(fake_arch):

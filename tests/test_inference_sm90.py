@@ -812,6 +812,57 @@ def test_varlen_memo_hit_matches_first_call(layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["used_q_split", "decode_split", "paged_used_q"])
+def test_varlen_bound_launcher_matches_reference(case):
+    # A memo hit runs the varlen entry's bound launcher (fwd_sm90.varlen_launcher) on what it
+    # does besides the launch: rows past seqused_q filled, fp32 split partials and the
+    # combine, paged keys. The hit equals the first (full path) call bitwise and matches the
+    # reference, with out's memory poisoned before each call.
+    from cute_attn import api
+
+    g = cuda_gen(34)
+    h, hkv, d, splits = 8, 2, 128, 3
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
+    if case == "decode_split":  # one row per sequence over long keys
+        lens_q, lens_k, kw = [1, 1, 1, 1], [4096, 5, 3000, 0], {}
+    else:
+        lens_q, lens_k = [5, 300, 1, 130], [40, 300, 129, 7]
+        kw = dict(seqused_q=as_t([2, 257, 0, 130]))
+        splits = 3 if case == "used_q_split" else 1
+    q = packed_rows(lens_q, h, d, torch.bfloat16, g)
+    if case == "paged_used_q":
+        k, v, table = paged_cache(4, hkv, d, 64, 5, lens_k, g)
+        kw.update(page_table=table, seqused_k=as_t(lens_k))
+    else:
+        k, v = (packed_rows(lens_k, hkv, d, torch.bfloat16, g) for _ in range(2))
+        kw.update(cu_seqlens_k=cu_lens(lens_k))
+    kw.update(cu_seqlens_q=cu_lens(lens_q), causal=True)
+
+    def call():
+        junk = torch.full((sum(lens_q), h, d), float("nan"), device="cuda", dtype=q.dtype)
+        del junk  # its block is free for out: unwritten rows would show as NaN
+        return flash_attn_varlen_func(
+            q, k, v, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), num_splits=splits, **kw
+        )
+
+    api._varlen_memo.clear()
+    try:
+        first = call()
+        (entry,) = api._varlen_memo.values()
+        assert entry[3] is not None, "no bound launcher"
+        second = call()
+        assert len(api._varlen_memo) == 1
+    finally:
+        api._varlen_memo.clear()
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    ref, ref_lse = reference.attention_ref_varlen(q, k, v, compute_dtype=torch.float32, **kw)
+    same, _ = reference.attention_ref_varlen(q, k, v, compute_dtype=None, **kw)
+    assert_matches(second[0], second[1], ref, ref_lse, same,
+                   empty_rows=lambda m: m.transpose(0, 1))  # fmt: skip
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("ragged", [False, True], ids=["table", "ragged"])
 @pytest.mark.parametrize("layout", ["dense", "batch_idx", "paged64", "paged16"])
 def test_kvcache_decode_wide_grid(layout, ragged, monkeypatch):
