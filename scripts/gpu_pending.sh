@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `spec_bench decode_bench`
-# on an H200 (the forty-sixth session had an H100 only: docs/perf/README.md).
+# installed there), by steps; the default is what is still pending, `fwd_sweep pack_tests`:
+# the forward sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before
+# its time limit) and the packed-GQA tests, last run on an H100 (docs/perf/README.md).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
-#   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view) and
-#               the memo-hit tests (KV-cache, varlen) of the packed-GQA and inference files
+#   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view), the
+#               memo-hit tests (KV-cache, varlen) and the varlen bound-launcher tests of the
+#               packed-GQA and inference files
+#   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
+#               SWEEP_FROM (default 341) on, under a 560 s limit
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
 #               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
 #               and fwd_pack_gqa_wide rest on
@@ -25,12 +29,13 @@
 #   bwd_bench   bench --preset bwd (issue #4's rows) against FA4 and cuDNN
 #   host        scripts/host_overhead.py --tiny-only and scripts/compile_time.py --dims 128 256
 #               (issue #3's host-time and first-call bars)
-#   host_varlen scripts/host_overhead.py --varlen-only (the varlen entry's memo on / off)
+#   host_varlen scripts/host_overhead.py --varlen-only (the varlen entry's memo on / off, its
+#               hits without the bound launcher)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(spec_bench decode_bench)
+[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep pack_tests)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -48,6 +53,12 @@ for step in "${steps[@]}"; do
       timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           tests/test_inference_sm90.py -k "wide_grid or memo_hit or bound_launcher" \
           > "$OUT/gpu_tests_wide_memo.log" 2>&1 ;;
+    fwd_sweep)
+      ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/test_fwd_sm90.py \
+          -k sweep 2>/dev/null | grep "::" | sed -n "${SWEEP_FROM:-341},\$p")
+      # shellcheck disable=SC2086  # one test id a word
+      timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider $ids \
+          > "$OUT/gpu_tests_fwd_sweep.log" 2>&1 ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
@@ -96,6 +107,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
+    fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
