@@ -404,9 +404,10 @@ def _checked_launch(check, launch, *args, **kw):
 # The varlen entry's host fast path, like the dense one's: a call whose signature (q / k / v
 # as _dense_signature; every index tensor's shape, strides, dtype and device; max_seqlen_q /
 # max_seqlen_k, which must be ints; whether gradients are needed, which dispatch reads) matches
-# an earlier call that the kernel served reuses its problem, decision and value-check
-# description: the index values are still checked on every call. Measured in
-# docs/perf/README.md (forty-seventh session).
+# an earlier call that the kernel served reuses its problem, decision, value-check
+# description and bound launcher (fwd_sm90.varlen_launcher, where one applies): the index
+# values are still checked on every call. Measured in docs/perf/README.md (forty-seventh and
+# forty-eighth sessions).
 _varlen_memo: dict = {}
 
 

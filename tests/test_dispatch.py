@@ -324,28 +324,42 @@ def _stub_served(monkeypatch, calls: dict, static_name: str) -> None:
     monkeypatch.setattr(validation.ValueCheck, "wait", wait)
 
 
+def _stub_launcher(monkeypatch, calls: dict, name: str) -> None:
+    """`fwd_sm90.<name>` (a memo's launcher builder) as a stub: counts the launchers bound
+    (calls["bound"]); each launcher records its call's arguments (calls["launch"]) and returns
+    ("launched", the problem it was bound with)."""
+    from cute_attn import fwd_sm90
+
+    calls.update(launch=[], bound=0)
+
+    def launcher(*args, **kw):
+        calls["bound"] += 1
+        p = next(a for a in args if isinstance(a, AttnProblem))
+
+        def launch(*call_args):
+            calls["launch"].append(call_args)
+            return ("launched", p)
+
+        return launch
+
+    monkeypatch.setattr(fwd_sm90, name, launcher)
+
+
 @pytest.fixture
 def kvcache_served_on_cpu(monkeypatch):
     """CPU KV-cache calls treated as served by the SM90 kernel: dispatch says so, the kernel
     and the bound launcher are stubs, validation and value checks are counted."""
     from cute_attn import api, fwd_sm90
 
-    calls = {"run": 0, "launch": []}
+    calls = {"run": 0}
     _stub_served(monkeypatch, calls, "validate_kvcache_static")
+    _stub_launcher(monkeypatch, calls, "kvcache_launcher")
 
     def run_fwd_kvcache(q, k_cache, v_cache, p, **kw):
         calls["run"] += 1
         return ("run", p)
 
-    def launcher(q, k_cache, v_cache, p, *, batch_idx, paged):
-        def launch(*args):
-            calls["launch"].append(args)
-            return ("launched", p)
-
-        return launch
-
     monkeypatch.setattr(fwd_sm90, "run_fwd_kvcache", run_fwd_kvcache)
-    monkeypatch.setattr(fwd_sm90, "kvcache_launcher", launcher)
     api._kvcache_memo.clear()
     yield calls
     api._kvcache_memo.clear()
@@ -439,24 +453,15 @@ def varlen_served_on_cpu(monkeypatch):
     the bound launcher are stubs, validation, dispatch and value checks are counted."""
     from cute_attn import api, fwd_sm90
 
-    calls = {"run": [], "launch": [], "bound": 0}
+    calls = {"run": []}
     _stub_served(monkeypatch, calls, "validate_varlen_static")
+    _stub_launcher(monkeypatch, calls, "varlen_launcher")
 
     def run_fwd_varlen(q, k, v, p, **kw):
         calls["run"].append((q, kw))
         return ("run", p)
 
-    def launcher(q, k, p, *index):
-        calls["bound"] += 1
-
-        def launch(*args):
-            calls["launch"].append(args)
-            return ("launched", p)
-
-        return launch
-
     monkeypatch.setattr(fwd_sm90, "run_fwd_varlen", run_fwd_varlen)
-    monkeypatch.setattr(fwd_sm90, "varlen_launcher", launcher)
     api._varlen_memo.clear()
     yield calls
     api._varlen_memo.clear()
