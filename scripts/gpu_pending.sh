@@ -11,6 +11,9 @@
 #   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view), the
 #               memo-hit tests (KV-cache, varlen) and the varlen bound-launcher tests of the
 #               packed-GQA and inference files
+#   bwd_order   scripts/tune_bwd_sm90.py: FA4's GEMM order (BwdTileConfig.dk_after_dv) and the
+#               64-row dQ = dS K tile against the table, D = 64 / 96 / 128, from 4k
+#   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
@@ -53,6 +56,17 @@ for step in "${steps[@]}"; do
       timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           tests/test_inference_sm90.py -k "wide_grid or memo_hit or bound_launcher" \
           > "$OUT/gpu_tests_wide_memo.log" 2>&1 ;;
+    bwd_order)
+      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d96-4k-causal,d96-16k-causal,d96-4k,d96-16k,d128-4k-causal,d128-16k-causal,\
+d128-4k,d128-16k,d64-4k-causal,d64-16k \
+          --variant base= --variant fa4order=dk_after_dv=True \
+          --variant m64=tile_m=64,dq_flat=False \
+          --variant m64fa4=tile_m=64,dq_flat=False,dk_after_dv=True \
+          --out "$OUT/tune_bwd_dk_after_dv_$gpu.json" > "$OUT/tune_bwd_dk_after_dv.log" 2>&1 ;;
+    fwd_rest)
+      timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
+          -k "not sweep" > "$OUT/gpu_tests_fwd_rest.log" 2>&1 ;;
     fwd_sweep)
       ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/test_fwd_sm90.py \
           -k sweep 2>/dev/null | grep "::" | sed -n "${SWEEP_FROM:-341},\$p")
@@ -108,6 +122,8 @@ for step in "${steps[@]}"; do
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
+    fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
+    bwd_order) tail -45 "$OUT/tune_bwd_dk_after_dv.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
