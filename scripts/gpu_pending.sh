@@ -13,6 +13,8 @@
 #               packed-GQA and inference files
 #   bwd_order   scripts/tune_bwd_sm90.py: FA4's GEMM order (BwdTileConfig.dk_after_dv) and the
 #               64-row dQ = dS K tile against the table, D = 64 / 96 / 128, from 4k
+#   bwd_m64     the same tune script: D=128's 64-row dQ = dS K tile (with and without
+#               dk_after_dv) against the table's 80 rows, unmasked, 4k to 16k
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
@@ -64,6 +66,12 @@ d128-4k,d128-16k,d64-4k-causal,d64-16k \
           --variant m64=tile_m=64,dq_flat=False \
           --variant m64fa4=tile_m=64,dq_flat=False,dk_after_dv=True \
           --out "$OUT/tune_bwd_dk_after_dv_$gpu.json" > "$OUT/tune_bwd_dk_after_dv.log" 2>&1 ;;
+    bwd_m64)
+      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d128-16k,d128-8k,d128-4k,gqa-d128-16k,d96-16k \
+          --variant base= --variant m64=tile_m=64,dq_flat=False \
+          --variant m64fa4=tile_m=64,dq_flat=False,dk_after_dv=True \
+          --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
     fwd_rest)
       timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
           -k "not sweep" > "$OUT/gpu_tests_fwd_rest.log" 2>&1 ;;
@@ -123,6 +131,7 @@ for step in "${steps[@]}"; do
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
+    bwd_m64) tail -17 "$OUT/tune_bwd_m64.log" ;;
     bwd_order) tail -45 "$OUT/tune_bwd_dk_after_dv.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
