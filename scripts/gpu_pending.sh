@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `fwd_sweep pack_tests`:
-# the forward sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before
-# its time limit) and the packed-GQA tests, last run on an H100 (docs/perf/README.md).
+# installed there), by steps; the default is what is still pending, `fwd_sweep fwd_rest`: on
+# an H200, the forward sweep from case 341 (the forty-eighth session's H200 passed cases
+# 1-340 before its time limit) and the other forward GPU tests, which passed on the
+# forty-ninth session's H100 with the same kernels (docs/perf/README.md).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -11,10 +12,8 @@
 #   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view), the
 #               memo-hit tests (KV-cache, varlen) and the varlen bound-launcher tests of the
 #               packed-GQA and inference files
-#   bwd_order   scripts/tune_bwd_sm90.py: FA4's GEMM order (BwdTileConfig.dk_after_dv) and the
-#               64-row dQ = dS K tile against the table, D = 64 / 96 / 128, from 4k
-#   bwd_m64     the same tune script: D=128's 64-row dQ = dS K tile (with and without
-#               dk_after_dv) against the table's 80 rows, unmasked, 4k to 16k
+#   bwd_m64     scripts/tune_bwd_sm90.py: D=128's 64-row dQ = dS K tile against the table's
+#               80 rows, unmasked, 4k to 16k (the forty-ninth session's H100 run)
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
@@ -40,7 +39,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep pack_tests)
+[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep fwd_rest)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -58,19 +57,10 @@ for step in "${steps[@]}"; do
       timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
           tests/test_inference_sm90.py -k "wide_grid or memo_hit or bound_launcher" \
           > "$OUT/gpu_tests_wide_memo.log" 2>&1 ;;
-    bwd_order)
-      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 20 \
-          --shapes d96-4k-causal,d96-16k-causal,d96-4k,d96-16k,d128-4k-causal,d128-16k-causal,\
-d128-4k,d128-16k,d64-4k-causal,d64-16k \
-          --variant base= --variant fa4order=dk_after_dv=True \
-          --variant m64=tile_m=64,dq_flat=False \
-          --variant m64fa4=tile_m=64,dq_flat=False,dk_after_dv=True \
-          --out "$OUT/tune_bwd_dk_after_dv_$gpu.json" > "$OUT/tune_bwd_dk_after_dv.log" 2>&1 ;;
     bwd_m64)
       timeout 200 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-16k,d128-8k,d128-4k,gqa-d128-16k,d96-16k \
           --variant base= --variant m64=tile_m=64,dq_flat=False \
-          --variant m64fa4=tile_m=64,dq_flat=False,dk_after_dv=True \
           --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
     fwd_rest)
       timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
@@ -131,8 +121,7 @@ for step in "${steps[@]}"; do
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
-    bwd_m64) tail -17 "$OUT/tune_bwd_m64.log" ;;
-    bwd_order) tail -45 "$OUT/tune_bwd_dk_after_dv.log" ;;
+    bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;

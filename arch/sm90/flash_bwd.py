@@ -1073,9 +1073,6 @@ class FlashBwdSm90:
                             gemm(tiled_mma_dq, acc_dq, tdQrKt, r_dqs, True)  # dQ^T = K^T dS^T
                         else:
                             gemm(tiled_mma_dq, acc_dq, r_dqs, tdQrKt, True)
-                        if cutlass.const_expr(self.config.dk_after_dv):
-                            warpgroup.wait_group(1)  # dV done
-                            pipe_do.consumer_release(state_do)
                         if cutlass.const_expr(self.swap_dkv):
                             gemm(
                                 tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],
@@ -1088,8 +1085,7 @@ class FlashBwdSm90:
                                 tdKrQt[None, None, None, stage], False,
                             )  # fmt: skip
                         warpgroup.wait_group(1)  # dV and dQ done
-                        if cutlass.const_expr(not self.config.dk_after_dv):
-                            pipe_do.consumer_release(state_do)
+                        pipe_do.consumer_release(state_do)
                         # ---- hand the dQ partial to the writer warp
                         cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
                         tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())

@@ -816,9 +816,6 @@ class BwdTileConfig:
     # on barriers of its own and the writer adds as a run of its own, so neither warpgroup
     # waits for the other's staging or for the add of the other's half
     dq_wg_handoff: bool = False
-    # issue dK only once dV is done (FA4's order: dV, dQ, wait for dV, release dO, dK), so the
-    # other warpgroup's next S^T / dP^T can reach the tensor cores between this one's dQ and dK
-    dk_after_dv: bool = False
 
     def __post_init__(self):
         if self.dq_flat and not self.dq_swap_ab:
