@@ -14,6 +14,9 @@
 #               packed-GQA and inference files
 #   bwd_m64     scripts/tune_bwd_sm90.py: D=128's 64-row dQ = dS K tile against the table's
 #               80 rows, unmasked, 4k to 16k (the forty-ninth session's H100 run)
+#   bwd_l2      the same script under the causal mask at D = 96 / 128: L2 sections off, of
+#               half and twice BWD_L2_SECTION_BYTES, and (D = 96) 80 query rows; at D = 128
+#               m80 is the table's tile again, a measure of the noise
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
@@ -62,6 +65,13 @@ for step in "${steps[@]}"; do
           --shapes d128-16k,d128-8k,d128-4k,gqa-d128-16k,d96-16k \
           --variant base= --variant m64=tile_m=64,dq_flat=False \
           --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
+    bwd_l2)
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d96-4k-causal,d96-16k-causal,d128-4k-causal,d128-16k-causal \
+          --variant base= --variant l2off=l2_section_bytes=0 \
+          --variant l2x2=l2_section_bytes=67108864 --variant l2half=l2_section_bytes=16777216 \
+          --variant m80=tile_m=80 \
+          --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
     fwd_rest)
       timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
           -k "not sweep" > "$OUT/gpu_tests_fwd_rest.log" 2>&1 ;;
@@ -121,6 +131,7 @@ for step in "${steps[@]}"; do
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
+    bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
