@@ -17,6 +17,8 @@
 #   bwd_l2      the same script under the causal mask at D = 96 / 128: L2 sections off, of
 #               half and twice BWD_L2_SECTION_BYTES, and (D = 96) 80 query rows; at D = 128
 #               m80 is the table's tile again, a measure of the noise
+#   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
+#               under a 380 s limit
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
@@ -72,6 +74,9 @@ for step in "${steps[@]}"; do
           --variant l2x2=l2_section_bytes=67108864 --variant l2half=l2_section_bytes=16777216 \
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
+    bwd_rest)
+      timeout 380 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_bwd_sm90.py \
+          -k "not sweep" > "$OUT/gpu_tests_bwd_rest.log" 2>&1 ;;
     fwd_rest)
       timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
           -k "not sweep" > "$OUT/gpu_tests_fwd_rest.log" 2>&1 ;;
@@ -131,6 +136,7 @@ for step in "${steps[@]}"; do
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
+    bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
