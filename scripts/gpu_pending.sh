@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `fwd_sweep fwd_rest`: on
-# an H200, the forward sweep from case 341 (the forty-eighth session's H200 passed cases
-# 1-340 before its time limit) and the other forward GPU tests, which passed on the
-# forty-ninth session's H100 with the same kernels (docs/perf/README.md).
+# installed there), by steps; the default is what is still pending, `bwd_tail fwd_sweep
+# fwd_rest`: the backward GPU tests outside the sweep that the forty-ninth session's H100 did
+# not reach (it passed the other 158), then, on an H200, the forward sweep from case 341 (the
+# forty-eighth session's H200 passed cases 1-340 before its time limit) and the other
+# forward GPU tests, which passed on that H100 with the same kernels (docs/perf/README.md).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -19,6 +20,9 @@
 #               m80 is the table's tile again, a measure of the noise
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
+#   bwd_tail    the ones of them that the forty-ninth session's H100 did not reach before
+#               that limit: deterministic order, fallback, non-contiguous views,
+#               torch.compile training step, CUDA-graph replay
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
@@ -44,7 +48,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep fwd_rest)
+[ ${#steps[@]} -eq 0 ] && steps=(bwd_tail fwd_sweep fwd_rest)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -77,6 +81,10 @@ for step in "${steps[@]}"; do
     bwd_rest)
       timeout 380 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_bwd_sm90.py \
           -k "not sweep" > "$OUT/gpu_tests_bwd_rest.log" 2>&1 ;;
+    bwd_tail)
+      timeout 380 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_bwd_sm90.py -k \
+          "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" \
+          > "$OUT/gpu_tests_bwd_tail.log" 2>&1 ;;
     fwd_rest)
       timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
           -k "not sweep" > "$OUT/gpu_tests_fwd_rest.log" 2>&1 ;;
@@ -137,6 +145,7 @@ for step in "${steps[@]}"; do
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
+    bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
