@@ -56,16 +56,19 @@ gpu=${gpu:-gpu}
 python3 -m cute_attn info > "$OUT/info.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     >> "$OUT/info.txt" 2>&1
+# gpu_tests LIMIT LOG PYTEST_ARGS...: the GPU tests of PYTEST_ARGS under a time limit, into
+# $OUT/LOG
+gpu_tests() {
+  local limit=$1 log=$2; shift 2
+  timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
+}
 declare -A rcs
 for step in "${steps[@]}"; do
   case "$step" in
-    pack_tests)
-      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
-          > "$OUT/gpu_tests_pack_gqa.log" 2>&1 ;;
+    pack_tests) gpu_tests 300 gpu_tests_pack_gqa.log tests/test_pack_gqa_sm90.py ;;
     new_tests)
-      timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_pack_gqa_sm90.py \
-          tests/test_inference_sm90.py -k "wide_grid or memo_hit or bound_launcher" \
-          > "$OUT/gpu_tests_wide_memo.log" 2>&1 ;;
+      gpu_tests 330 gpu_tests_wide_memo.log tests/test_pack_gqa_sm90.py \
+          tests/test_inference_sm90.py -k "wide_grid or memo_hit or bound_launcher" ;;
     bwd_m64)
       timeout 200 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-16k,d128-8k,d128-4k,gqa-d128-16k,d96-16k \
@@ -78,22 +81,16 @@ for step in "${steps[@]}"; do
           --variant l2x2=l2_section_bytes=67108864 --variant l2half=l2_section_bytes=16777216 \
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
-    bwd_rest)
-      timeout 380 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_bwd_sm90.py \
-          -k "not sweep" > "$OUT/gpu_tests_bwd_rest.log" 2>&1 ;;
+    bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
     bwd_tail)
-      timeout 380 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_bwd_sm90.py -k \
-          "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" \
-          > "$OUT/gpu_tests_bwd_tail.log" 2>&1 ;;
-    fwd_rest)
-      timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fwd_sm90.py \
-          -k "not sweep" > "$OUT/gpu_tests_fwd_rest.log" 2>&1 ;;
+      gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
+          -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
+    fwd_rest) gpu_tests 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py -k "not sweep" ;;
     fwd_sweep)
       ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/test_fwd_sm90.py \
           -k sweep 2>/dev/null | grep "::" | sed -n "${SWEEP_FROM:-341},\$p")
       # shellcheck disable=SC2086  # one test id a word
-      timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider $ids \
-          > "$OUT/gpu_tests_fwd_sweep.log" 2>&1 ;;
+      gpu_tests 560 gpu_tests_fwd_sweep.log $ids ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
@@ -106,9 +103,7 @@ for step in "${steps[@]}"; do
     tail_ab)
       timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_$gpu.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
-    inference)
-      timeout 450 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_inference_sm90.py \
-          > "$OUT/gpu_tests_inference.log" 2>&1 ;;
+    inference) gpu_tests 450 gpu_tests_inference.log tests/test_inference_sm90.py ;;
     spec_bench)
       timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
           sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_$gpu.json" \
