@@ -20,9 +20,9 @@
 #               m80 is the table's tile again, a measure of the noise
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
-#   bwd_tail    the ones of them that the forty-ninth session's H100 did not reach before
-#               that limit: deterministic order, fallback, non-contiguous views,
-#               torch.compile training step, CUDA-graph replay
+#   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
+#               limit (deterministic order, fallback, non-contiguous views, torch.compile
+#               training step, CUDA-graph replay), with the 13 other deterministic ones: 52
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
@@ -90,7 +90,7 @@ for step in "${steps[@]}"; do
       ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/test_fwd_sm90.py \
           -k sweep 2>/dev/null | grep "::" | sed -n "${SWEEP_FROM:-341},\$p")
       # shellcheck disable=SC2086  # one test id a word
-      gpu_tests 560 gpu_tests_fwd_sweep.log $ids ;;
+      [ -n "$ids" ] && gpu_tests 560 gpu_tests_fwd_sweep.log $ids ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
