@@ -583,6 +583,14 @@ def test_varlen_fast_path_without_value_checks(varlen_served_on_cpu, monkeypatch
     assert calls["defer"] == calls["wait"] == 1 and calls["validate"] == 1
 
 
+def _layout(x):
+    """A launch argument's layout (a tensor's shape, strides, dtype and offset; anything else
+    as is): the bound launchers must pass the kernels what the unbound path does."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return (x.shape, x.stride(), x.dtype, x.storage_offset())
+
+
 @pytest.mark.parametrize(
     "splits,group,kvcache,cluster",
     [(3, 4, True, False), (1, 4, True, False), (2, 1, True, False), (1, 1, True, False),
@@ -615,20 +623,15 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, cluster):
     out2, lse2 = launch(q, k, k, lens) if kvcache else launch(q, k, k)
     assert out2.shape == out.shape and lse2.shape == lse.shape and out2.dtype == out.dtype
 
-    def layout(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return (x.shape, x.stride(), x.dtype, x.storage_offset())
-
     (a_run, a_bound) = seen["fn"]
-    assert [layout(x) for x in a_run] == [layout(x) for x in a_bound]
+    assert [_layout(x) for x in a_run] == [_layout(x) for x in a_bound]
     assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[11] is None and a_bound[14] is lens
     if splits == 1 or cluster:
         assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
         assert a_bound[3].dtype == out2.dtype and a_bound[4].data_ptr() == lse2.data_ptr()
         return
     (c_run, c_bound) = seen["combine"]
-    assert [layout(x) for x in c_run] == [layout(x) for x in c_bound]
+    assert [_layout(x) for x in c_run] == [_layout(x) for x in c_bound]
     assert c_bound[2] is out2 and c_bound[3] is lse2
     # the (packed) partials are views of the stacked ones the combine reads
     assert a_bound[3].data_ptr() == c_bound[0].data_ptr()
@@ -675,13 +678,8 @@ def test_varlen_launcher_matches_run_fwd_varlen(monkeypatch, splits, used_q, pag
     assert (out2.shape, out2.stride(), out2.dtype) == (out.shape, out.stride(), out.dtype)
     assert (lse2.shape, lse2.stride(), lse2.dtype) == (lse.shape, lse.stride(), lse.dtype)
 
-    def layout(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return (x.shape, x.stride(), x.dtype, x.storage_offset())
-
     (a_run, a_bound) = seen["fn"]
-    assert [layout(x) for x in a_run] == [layout(x) for x in a_bound]
+    assert [_layout(x) for x in a_run] == [_layout(x) for x in a_bound]
     assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[1].data_ptr() == k.data_ptr()
     for i, name in enumerate(index):  # the call's own index tensors
         assert a_bound[11 + i + (i > 3)] is index[name]
@@ -691,7 +689,7 @@ def test_varlen_launcher_matches_run_fwd_varlen(monkeypatch, splits, used_q, pag
         assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
     else:
         (c_run, c_bound) = seen["combine"]
-        assert [layout(x) for x in c_run] == [layout(x) for x in c_bound]
+        assert [_layout(x) for x in c_run] == [_layout(x) for x in c_bound]
         assert c_bound[2].data_ptr() == out2.data_ptr() and c_bound[3].data_ptr() == lse2.data_ptr()
     # not bound: a strided index tensor, the gathered page route, no keys
     strided = torch.tensor([0, 0, 1, 0, 5, 0, 7, 0], dtype=torch.int32)[::2]
