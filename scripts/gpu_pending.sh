@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `bwd_tail fwd_sweep
-# fwd_rest`: the backward GPU tests outside the sweep that the forty-ninth session's H100 did
-# not reach (it passed the other 158), then, on an H200, the forward sweep from case 341 (the
-# forty-eighth session's H200 passed cases 1-340 before its time limit) and the other
-# forward GPU tests, which passed on that H100 with the same kernels (docs/perf/README.md).
+# installed there), by steps; the default is what is still pending, `fwd_sweep fwd_rest`,
+# wanted on an H200: the forward sweep from case 341 (the forty-eighth session's H200 passed
+# cases 1-340 before its time limit) and the other forward GPU tests, which passed on an H100
+# in the forty-ninth session with the same kernels (docs/perf/README.md). The backward GPU
+# tests outside the sweep have all passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and
+# fiftieth sessions).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -21,11 +22,15 @@
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
-#               limit (deterministic order, fallback, non-contiguous views, torch.compile
+#               limit (passed on the fiftieth session's H100) (deterministic order, fallback, non-contiguous views, torch.compile
 #               training step, CUDA-graph replay), with the 13 other deterministic ones: 52
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
+#   bwd_sweep   the backward GPU sweep (tests/test_bwd_sm90.py -k sweep, 480 cases, one a
+#               strict xfail) from case BWD_SWEEP_FROM (default 1) to BWD_SWEEP_TO (default
+#               480), under a 560 s limit: it last ran whole in the nineteenth session, on
+#               older kernels
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
 #               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
 #               and fwd_pack_gqa_wide rest on
@@ -48,7 +53,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(bwd_tail fwd_sweep fwd_rest)
+[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep fwd_rest)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -61,6 +66,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 gpu_tests() {
   local limit=$1 log=$2; shift 2
   timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
+}
+# sweep_cases LIMIT LOG FILE FROM TO: FILE's sweep cases FROM..TO (1-based, collection order)
+# under a time limit; nothing runs when the range is empty (an empty id list would run every
+# GPU test of the file)
+sweep_cases() {
+  local limit=$1 log=$2 file=$3 ids
+  ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "$file" -k sweep \
+      2>/dev/null | grep "::" | sed -n "$4,$5p")
+  # shellcheck disable=SC2086  # one test id a word
+  [ -n "$ids" ] && gpu_tests "$limit" "$log" $ids
 }
 declare -A rcs
 for step in "${steps[@]}"; do
@@ -87,10 +102,10 @@ for step in "${steps[@]}"; do
           -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
     fwd_rest) gpu_tests 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py -k "not sweep" ;;
     fwd_sweep)
-      ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/test_fwd_sm90.py \
-          -k sweep 2>/dev/null | grep "::" | sed -n "${SWEEP_FROM:-341},\$p")
-      # shellcheck disable=SC2086  # one test id a word
-      [ -n "$ids" ] && gpu_tests 560 gpu_tests_fwd_sweep.log $ids ;;
+      sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-341}" 480 ;;
+    bwd_sweep)
+      sweep_cases 560 gpu_tests_bwd_sweep.log tests/test_bwd_sm90.py "${BWD_SWEEP_FROM:-1}" \
+          "${BWD_SWEEP_TO:-480}" ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
@@ -138,6 +153,7 @@ for step in "${steps[@]}"; do
     pack_tests) tail -15 "$OUT/gpu_tests_pack_gqa.log" ;;
     new_tests) tail -8 "$OUT/gpu_tests_wide_memo.log" ;;
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
+    bwd_sweep) tail -8 "$OUT/gpu_tests_bwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
