@@ -44,6 +44,9 @@ VARIANTS = {
     "persistent plain d128": (128, 8, 8, False, False, False, False, 132, {}),
     "persistent causal d128": (128, 8, 8, False, True, False, False, 132, {}),
     "dense causal d128": (128, 8, 8, False, True, False, False, 0, {}),
+    "dense d128": (128, 16, 16, False, False, False, False, 0, {}),
+    "dense d256": (256, 8, 8, False, False, False, False, 0, {}),
+    "dense causal d256": (256, 8, 8, False, True, False, False, 0, {}),
 }  # fmt: skip
 
 
