@@ -616,6 +616,8 @@ class FlashFwdSm90:
         gV = self._key_tiles(mV, seq, head_kv, seq.kv_batch, ragged=self.ragged_v)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         if n_max > n_min:
+            # (q_state advances here, not in _load_q: the DSL does not carry a state rebound
+            # inside a helper out of this runtime branch, "operand does not dominate this use")
             k_first = self.config.k_before_q
             if cutlass.const_expr(not k_first):
                 self._load_q(tma_atom_Q, tQgQ, tQsQ, pipe_q, q_state)
