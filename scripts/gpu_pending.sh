@@ -29,14 +29,15 @@
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
-#               limit (passed on the fiftieth session's H100) (deterministic order, fallback, non-contiguous views, torch.compile
+#               limit (deterministic order, fallback, non-contiguous views, torch.compile
 #               training step, CUDA-graph replay), with the 13 other deterministic ones: 52
+#               (all passed on the fiftieth session's H100)
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
 #   bwd_sweep   the backward GPU sweep (tests/test_bwd_sm90.py -k sweep, 480 cases, one a
 #               strict xfail) from case BWD_SWEEP_FROM (default 1) to BWD_SWEEP_TO (default
-#               480), under a 560 s limit: it last ran whole in the nineteenth session, on
+#               the last), under a 560 s limit: it last ran whole in the nineteenth session, on
 #               older kernels
 #   pack_ab     unpacked / packed / packed on the wide tile, speculative rows (whole and
 #               padded groups; PACK_AB_ROWS overrides them): what fwd_pack_gqa's padded tiles
@@ -74,9 +75,9 @@ gpu_tests() {
   local limit=$1 log=$2; shift 2
   timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
 }
-# sweep_cases LIMIT LOG FILE FROM TO: FILE's sweep cases FROM..TO (1-based, collection order)
-# under a time limit; nothing runs when the range is empty (an empty id list would run every
-# GPU test of the file)
+# sweep_cases LIMIT LOG FILE FROM TO: FILE's sweep cases FROM..TO (1-based, in collection
+# order; TO '$': the last) under a time limit; nothing runs when the range is empty (an empty
+# id list would run every GPU test of the file)
 sweep_cases() {
   local limit=$1 log=$2 file=$3 ids
   ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "$file" -k sweep \
@@ -115,10 +116,10 @@ for step in "${steps[@]}"; do
           -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
     fwd_rest) gpu_tests 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py -k "not sweep" ;;
     fwd_sweep)
-      sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-341}" 480 ;;
+      sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-341}" '$' ;;
     bwd_sweep)
       sweep_cases 560 gpu_tests_bwd_sweep.log tests/test_bwd_sm90.py "${BWD_SWEEP_FROM:-1}" \
-          "${BWD_SWEEP_TO:-480}" ;;
+          "${BWD_SWEEP_TO:-\$}" ;;
     pack_ab)
       read -r -a rows <<< "${PACK_AB_ROWS:-b64-8k-q4 b8-8k-q4 b1-32k-q4 g7-b8-8k-q4 \
           g5-b8-8k-q4 varlen-b64-8k-q1 g7-varlen-b64-2k-q4}"
