@@ -48,6 +48,17 @@ def _forced_table(monkeypatch, change):
     return forced_host_rule(monkeypatch, "fwd_tile_config", lambda *a, **k: change(table(*a, **k)))
 
 
+def _check_forced(monkeypatch, change, field, d, dv, sq, sk, kw):
+    """_check on (2, sq, sk, 4 / 2 heads, d, dv) bf16 inputs with the table's config passed
+    through `change`, and that the one variant built has `field` set."""
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
+    with _forced_table(monkeypatch, change) as keys:
+        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
+    (key,) = keys
+    assert getattr(FwdTileConfig(*key.tile), field), key
+
+
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 4096), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
@@ -273,17 +284,12 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
 )  # fmt: skip
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
 def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
-    from cute_attn.arch.sm90.tile_config import FwdTileConfig
-
     def change(cfg):
         return dataclasses.replace(
             cfg, pin_pv_wait=True, pin_pv_anchor=cfg.pin_pv_anchor or 4, interleave_rescale=True
         )
 
-    with _forced_table(monkeypatch, change) as keys:
-        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
-    (key,) = keys
-    assert FwdTileConfig(*key.tile).interleave_rescale, key
+    _check_forced(monkeypatch, change, "interleave_rescale", d, dv, sq, sk, kw)
 
 
 # FwdTileConfig.k_before_q / epilogue_arrive (FA4's order of the first loads and form of the
@@ -296,15 +302,10 @@ def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
 )  # fmt: skip
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
 def test_fwd_cta_forms_forced(monkeypatch, d, dv, sq, sk, kw):
-    from cute_attn.arch.sm90.tile_config import FwdTileConfig
-
     def change(cfg):
         return dataclasses.replace(cfg, k_before_q=True, epilogue_arrive=not cfg.persistent_ctas)
 
-    with _forced_table(monkeypatch, change) as keys:
-        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
-    (key,) = keys
-    assert FwdTileConfig(*key.tile).k_before_q, key
+    _check_forced(monkeypatch, change, "k_before_q", d, dv, sq, sk, kw)
 
 
 # Persistent grids (FwdTileConfig.persistent_ctas): CTA c walks the (query tile, head, batch)
