@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `cta_ab fwd_sweep
-# fwd_rest` (more than one call's 600 s: pass them a call at a time): the A/B of the
-# fiftieth session's two forward switches (any SM90 card), then, wanted on an H200, the
-# forward sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before its
-# time limit) and the other forward GPU tests, which passed on an H100 in the forty-ninth
-# session with the table's kernels (docs/perf/README.md); with the switches in, `fwd_rest`
-# also holds their forced test (test_fwd_cta_forms_forced). The backward GPU tests outside
-# the sweep have all passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and fiftieth
-# sessions).
+# installed there), by steps; the default is what is still pending, `fwd_sweep fwd_rest`
+# (more than one call's 600 s: pass them a call at a time), wanted on an H200: the forward
+# sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before its time
+# limit) and the other forward GPU tests, which passed on an H100 in the forty-ninth session
+# with the table's kernels (docs/perf/README.md). Then `bwd_sweep` in ranges: the backward
+# sweep last ran whole in the nineteenth session. The backward GPU tests outside the sweep
+# have all passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and fiftieth sessions).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -22,10 +20,6 @@
 #   bwd_l2      the same script under the causal mask at D = 96 / 128: L2 sections off, of
 #               half and twice BWD_L2_SECTION_BYTES, and (D = 96) 80 query rows; at D = 128
 #               m80 is the table's tile again, a measure of the noise
-#   cta_ab      scripts/tune_sm90.py: FwdTileConfig.k_before_q and epilogue_arrive (FA4's
-#               forms, off), each and both, against the table at D=256 4k / 16k (unmasked and
-#               causal) and D=128 16k, the one-CTA-a-tile rows that trail FA4 by a fixed cost
-#               a CTA (docs/perf/README.md, fiftieth session)
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -61,7 +55,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(cta_ab fwd_sweep fwd_rest)
+[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep fwd_rest)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -105,12 +99,6 @@ for step in "${steps[@]}"; do
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
     bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
-    cta_ab)
-      timeout 300 python3 scripts/tune_sm90.py --reps 30 \
-          --shapes d256-4k,d256-16k,d256-4k-causal,d256-16k-causal,d128-16k \
-          --variant base= --variant kfirst=k_before_q=True --variant arrive=epilogue_arrive=True \
-          --variant both=k_before_q=True,epilogue_arrive=True \
-          --out "$OUT/tune_fwd_cta_$gpu.json" > "$OUT/tune_fwd_cta.log" 2>&1 ;;
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
           -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
@@ -173,7 +161,6 @@ for step in "${steps[@]}"; do
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
-    cta_ab) tail -22 "$OUT/tune_fwd_cta.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;

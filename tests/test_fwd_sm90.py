@@ -48,17 +48,6 @@ def _forced_table(monkeypatch, change):
     return forced_host_rule(monkeypatch, "fwd_tile_config", lambda *a, **k: change(table(*a, **k)))
 
 
-def _check_forced(monkeypatch, change, field, d, dv, sq, sk, kw):
-    """_check on (2, sq, sk, 4 / 2 heads, d, dv) bf16 inputs with the table's config passed
-    through `change`, and that the one variant built has `field` set."""
-    from cute_attn.arch.sm90.tile_config import FwdTileConfig
-
-    with _forced_table(monkeypatch, change) as keys:
-        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
-    (key,) = keys
-    assert getattr(FwdTileConfig(*key.tile), field), key
-
-
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 4096), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
@@ -284,28 +273,17 @@ def test_fwd_l2_sections_cover_every_tile(monkeypatch, d, max_pairs, kw):
 )  # fmt: skip
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
 def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
+    from cute_attn.arch.sm90.tile_config import FwdTileConfig
+
     def change(cfg):
         return dataclasses.replace(
             cfg, pin_pv_wait=True, pin_pv_anchor=cfg.pin_pv_anchor or 4, interleave_rescale=True
         )
 
-    _check_forced(monkeypatch, change, "interleave_rescale", d, dv, sq, sk, kw)
-
-
-# FwdTileConfig.k_before_q / epilogue_arrive (FA4's order of the first loads and form of the
-# epilogue's second barrier; off in the table), forced on every tile: odd lengths (partial
-# query and key tiles), masks and softcap; epilogue_arrive on the one-CTA-a-tile grids only
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "d,dv,sq,sk", [(64, 64, 457, 300), (128, 128, 457, 300), (192, 128, 300, 457),
-                   (256, 256, 457, 300), (256, 256, 1100, 2000)]
-)  # fmt: skip
-@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
-def test_fwd_cta_forms_forced(monkeypatch, d, dv, sq, sk, kw):
-    def change(cfg):
-        return dataclasses.replace(cfg, k_before_q=True, epilogue_arrive=not cfg.persistent_ctas)
-
-    _check_forced(monkeypatch, change, "k_before_q", d, dv, sq, sk, kw)
+    with _forced_table(monkeypatch, change) as keys:
+        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
+    (key,) = keys
+    assert FwdTileConfig(*key.tile).interleave_rescale, key
 
 
 # Persistent grids (FwdTileConfig.persistent_ctas): CTA c walks the (query tile, head, batch)
@@ -666,37 +644,3 @@ def test_row_max_form_1_shuffles_with_one_fmnmx(tmp_path):
     for op in ("SHFL.BFLY", "MUFU.EX2"):
         assert form0[op] == form1[op] > 0, r
     assert form0["STL"] == form1["STL"] == 0, r
-
-
-_CTA_FORMS_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
-os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-from cute_attn.aot import _sass
-from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
-from cute_attn.arch.sm90.tile_config import fwd_tile_config
-
-out = {}
-for on in (False, True):
-    cfg = dataclasses.replace(fwd_tile_config(256, 256, False, False), k_before_q=on,
-                              epilogue_arrive=on)
-    spec = FwdSpec("bfloat16", 256, 256, 8, 8, False, False, False, cfg)
-    sass = _sass(compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    # the transaction bytes the producer expects, in program order: Q's tile (128 x 256 x 2 =
-    # 0x10000) and a K / V tile (80 x 256 x 2 = 0xa000)
-    tx = re.findall(r"IMAD.MOV.U32 R\d+, RZ, RZ, (0x10000|0xa000) ;", sass)
-    out[str(on)] = {"tx": tx[:2], "arv": sass.count("BAR.ARV"), "stl": sass.count("STL"),
-                    "utmaldg": sass.count("UTMALDG")}
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.compile
-def test_cta_forms_load_k_first_and_arrive(tmp_path):
-    # D=256 unmasked (one CTA a tile): k_before_q arms K's barrier before Q's, epilogue_arrive
-    # turns the consumers' second epilogue barrier into an arrive (the store warp still
-    # syncs); both spill-free, the same loads
-    r = run_json_snippet(_CTA_FORMS_SNIPPET, tmp_path, timeout=900)
-    off, on = r["False"], r["True"]
-    assert off["tx"] == ["0x10000", "0xa000"] and on["tx"] == ["0xa000", "0x10000"], r
-    assert on["arv"] > off["arv"], r
-    assert off["stl"] == on["stl"] == 0 and off["utmaldg"] == on["utmaldg"] > 0, r

@@ -471,18 +471,6 @@ def test_unguarded_visible_max_where_measured():
         FwdTileConfig(unguarded_visible_max=True)
 
 
-def test_cta_forms_off_in_the_table():
-    # k_before_q / epilogue_arrive: not timed yet (scripts/gpu_pending.sh cta_ab), off on every
-    # tile; epilogue_arrive leaves persistent grids alone (their warps reuse the barrier)
-    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
-        for causal in (False, True):
-            cfg = fwd_tile_config(d, dv, causal, False)
-            assert not cfg.k_before_q and not cfg.epilogue_arrive, cfg
-    FwdTileConfig(persistent_ctas=132, k_before_q=True)
-    with pytest.raises(ValueError, match="epilogue_arrive"):
-        FwdTileConfig(persistent_ctas=132, epilogue_arrive=True)
-
-
 def test_fwd_l2_sections_where_measured():
     # forward L2 sections (they act only under a right bound on dense grids): D=128 (and D=96,
     # its branch) at most 8 pairs a section (1024 pairs lose 4% at 1k causal); D > 128 and the

@@ -616,13 +616,12 @@ class FlashFwdSm90:
         gV = self._key_tiles(mV, seq, head_kv, seq.kv_batch, ragged=self.ragged_v)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
         if n_max > n_min:
-            # (q_state advances here, not in _load_q: the DSL does not carry a state rebound
-            # inside a helper out of this runtime branch, "operand does not dominate this use")
-            k_first = self.config.k_before_q
-            if cutlass.const_expr(not k_first):
-                self._load_q(tma_atom_Q, tQgQ, tQsQ, pipe_q, q_state)
-                if cutlass.const_expr(self.persistent):
-                    q_state.advance()
+            # Q first. FA4 loads the first K tile before Q: no gain at D=256 / D=128 (one CTA a
+            # tile), 2% lost at D=256 4k causal (tune_fwd_cta_s51_h100.json)
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            if cutlass.const_expr(self.persistent):
+                q_state.advance()
             # paged: `page` is the page-table entry of the tile being loaded (_load_tile)
             tiles_per_page, page = Int32(1), Int32(0)
             if cutlass.const_expr(paged):
@@ -637,10 +636,6 @@ class FlashFwdSm90:
             # (docs/perf/tune_fwd_vlag_h200.json); this one is the order the consumers read
             self._load_tile(tma_atom_K, mK, sK, tKsK, tKgK, pipe_k, kv_state, n_max - 1, page,
                             kv)  # fmt: skip
-            if cutlass.const_expr(k_first):
-                self._load_q(tma_atom_Q, tQgQ, tQsQ, pipe_q, q_state)
-                if cutlass.const_expr(self.persistent):
-                    q_state.advance()
             for i in cutlass.range(n_max - n_min - 1, unroll=1):
                 n_block = n_max - 2 - i
                 page_prev = page
@@ -704,19 +699,6 @@ class FlashFwdSm90:
         # given, so each pipeline gets its own copy
         pipe_k.producer_tail(kv_state.clone())
         pipe_v.producer_tail(kv_state)
-
-    @cute.jit
-    def _load_q(
-        self,
-        tma_atom_Q: cute.CopyAtom,
-        tQgQ: cute.Tensor,
-        tQsQ: cute.Tensor,
-        pipe_q: pipeline.PipelineAsync,
-        q_state: pipeline.PipelineState,
-    ):
-        """TMA-load the query tile into `q_state`'s stage once it is free."""
-        pipe_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
 
     @cute.jit
     def _load_tile(
@@ -1255,20 +1237,9 @@ class FlashFwdSm90:
         cute.copy(store_atom, thr_store.retile(r_o), thr_store.partition_D(sO))
         # generic-proxy smem writes must be visible to the TMA (async proxy) before the store
         cute.arch.fence_view_async_shared()
-        if cutlass.const_expr(self.config.epilogue_arrive):
-            # only the store warp waits for every warp's O (FwdTileConfig.epilogue_arrive)
-            if warp_idx == roles.store_warp:
-                cute.arch.barrier(
-                    barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads
-                )
-            else:
-                cute.arch.barrier_arrive(
-                    barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads
-                )
-        else:
-            cute.arch.barrier(
-                barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads
-            )
+        # every consumer waits (FA4: the store warp waits, the others arrive and leave; no gain
+        # measured, tune_fwd_cta_s51_h100.json)
+        cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         if warp_idx == roles.store_warp:
             gO = cute.local_tile(mO_head, (self.tile_rows, self.head_dim_v), (m_block, 0))
             tOsO, tOgO = tma_tiles(tma_atom_O, first_rows(sO, self.tile_rows), gO)

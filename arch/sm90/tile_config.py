@@ -104,16 +104,6 @@ class FwdTileConfig:
     # cluster, graphs of ten calls): 64.4 us against 65.0 (decode_split_cluster_ab_c_h200.json,
     # within 1%, one run): off.
     merge_used_rows: bool = False
-    # Two candidates for the cost a CTA pays over FA4's, not yet timed (off). The unmasked
-    # D=256 rows trail FA4 by the same 8 us a call at 4k and 16k (1,024 CTAs each), so the
-    # gap is per CTA, about 1 us a wave, not in the main loop (bench_fwd_prefill_s48_h200.json,
-    # docs/perf/README.md, fiftieth session). Both are FA4's SM90 forms:
-    # the producer loads the first K tile before Q (off: Q first);
-    k_before_q: bool = False
-    # the epilogue's second barrier (O in smem, fenced for the TMA store) is waited on by the
-    # store warp only, the other consumer warps arrive and leave (off: every consumer waits).
-    # One CTA a tile only: a persistent CTA's warps go on to the next tile's barriers.
-    epilogue_arrive: bool = False
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
@@ -148,8 +138,6 @@ class FwdTileConfig:
             raise ValueError(f"l2_section_max_pairs {m} must be a power of two in [1, 1024]")
         if self.persistent_ctas < 0:
             raise ValueError("persistent_ctas must be >= 0")
-        if self.epilogue_arrive and self.persistent_ctas:
-            raise ValueError("epilogue_arrive: one CTA a tile only (not persistent_ctas)")
         if not 0.0 <= self.rescale_threshold <= 8.0:
             raise ValueError("rescale_threshold must be in [0, 8] (fp32/bf16 safety bound)")
 
