@@ -20,6 +20,11 @@
 #   bwd_l2      the same script under the causal mask at D = 96 / 128: L2 sections off, of
 #               half and twice BWD_L2_SECTION_BYTES, and (D = 96) 80 query rows; at D = 128
 #               m80 is the table's tile again, a measure of the noise
+#   epi_ab      scripts/tune_sm90.py: FwdTileConfig.stats_under_pv and lse_after_o (FA4's
+#               order of the last row-sum reduction and of the lse store, off), each and both,
+#               against the table at D=256 4k / 16k (unmasked and causal), D=128 16k and D=64
+#               4k causal / 16k: the rows short of FA4 (docs/perf/README.md, fifty-second
+#               session)
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -98,6 +103,12 @@ for step in "${steps[@]}"; do
           --variant l2x2=l2_section_bytes=67108864 --variant l2half=l2_section_bytes=16777216 \
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
+    epi_ab)
+      timeout 400 python3 scripts/tune_sm90.py --reps 30 \
+          --shapes d256-4k,d256-16k,d256-4k-causal,d256-16k-causal,d128-16k,d64-4k-causal,d64-16k \
+          --variant base= --variant stats=stats_under_pv=True --variant lse=lse_after_o=True \
+          --variant both=stats_under_pv=True,lse_after_o=True \
+          --out "$OUT/tune_fwd_epi_$gpu.json" > "$OUT/tune_fwd_epi.log" 2>&1 ;;
     bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
@@ -161,6 +172,7 @@ for step in "${steps[@]}"; do
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
+    epi_ab) tail -32 "$OUT/tune_fwd_epi.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
