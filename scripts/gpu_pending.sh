@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `fwd_sweep fwd_rest`
-# (more than one call's 600 s: pass them a call at a time), wanted on an H200: the forward
-# sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before its time
+# installed there), by steps; the default is what is still pending, `epi_ab fwd_sweep
+# fwd_rest` (more than one call's 600 s: pass them a call at a time): the A/B of the
+# fifty-second session's two forward switches (any SM90 card), then, wanted on an H200, the
+# forward sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before its time
 # limit) and the other forward GPU tests, which passed on an H100 in the forty-ninth session
 # with the table's kernels (docs/perf/README.md). Then `bwd_sweep` in ranges: the backward
 # sweep last ran whole in the nineteenth session. The backward GPU tests outside the sweep
@@ -32,6 +33,8 @@
 #               training step, CUDA-graph replay), with the 13 other deterministic ones: 52
 #               (all passed on the fiftieth session's H100)
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
+#   epi_tests   the forward GPU tests of those switches forced on (test_fwd_epilogue_order_forced,
+#               20 cases; also part of fwd_rest)
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 341) on, under a 560 s limit
 #   bwd_sweep   the backward GPU sweep (tests/test_bwd_sm90.py -k sweep, 480 cases, one a
@@ -60,7 +63,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(fwd_sweep fwd_rest)
+[ ${#steps[@]} -eq 0 ] && steps=(epi_ab fwd_sweep fwd_rest)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -114,6 +117,7 @@ for step in "${steps[@]}"; do
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
           -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
     fwd_rest) gpu_tests 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py -k "not sweep" ;;
+    epi_tests) gpu_tests 200 gpu_tests_epi.log tests/test_fwd_sm90.py -k epilogue_order ;;
     fwd_sweep)
       sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-341}" '$' ;;
     bwd_sweep)
@@ -168,6 +172,7 @@ for step in "${steps[@]}"; do
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     bwd_sweep) tail -8 "$OUT/gpu_tests_bwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
+    epi_tests) tail -8 "$OUT/gpu_tests_epi.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
