@@ -25,7 +25,7 @@
 #               order of the last row-sum reduction and of the lse store, off), each and both,
 #               against the table at D=256 4k / 16k (unmasked and causal), D=128 16k and D=64
 #               4k causal / 16k: the rows short of FA4 (docs/perf/README.md, fifty-second
-#               session)
+#               session); EPI_SHAPES (comma-separated tune_sm90.py shapes) overrides the rows
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -108,7 +108,7 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
     epi_ab)
       timeout 400 python3 scripts/tune_sm90.py --reps 30 \
-          --shapes d256-4k,d256-16k,d256-4k-causal,d256-16k-causal,d128-16k,d64-4k-causal,d64-16k \
+          --shapes "${EPI_SHAPES:-d256-4k,d256-16k,d256-4k-causal,d256-16k-causal,d128-16k,d64-4k-causal,d64-16k}" \
           --variant base= --variant stats=stats_under_pv=True --variant lse=lse_after_o=True \
           --variant both=stats_under_pv=True,lse_after_o=True \
           --out "$OUT/tune_fwd_epi_$gpu.json" > "$OUT/tune_fwd_epi.log" 2>&1 ;;
