@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `epi_ab fwd_sweep
-# fwd_rest` (more than one call's 600 s: pass them a call at a time): the A/B of the
-# fifty-second session's two forward switches (any SM90 card), then, wanted on an H200, the
-# forward sweep from case 341 (the forty-eighth session's H200 passed cases 1-340 before its time
-# limit) and the other forward GPU tests, which passed on an H100 in the forty-ninth session
-# with the table's kernels (docs/perf/README.md). Then `bwd_sweep` in ranges: the backward
-# sweep last ran whole in the nineteenth session. The backward GPU tests outside the sweep
-# have all passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and fiftieth sessions).
+# installed there), by steps; the default is what is still pending, `fwd_rest bwd_sweep`
+# (more than one call's 600 s: pass them a call at a time): the forward GPU tests outside the
+# sweep on an H200 (they passed on an H100 in the forty-ninth session; the fifty-second
+# session's H200 passed the first 76 before its device time ran out; the whole forward sweep
+# has passed on H200s, cases 1-340 in the forty-eighth session and 341-480 in the
+# fifty-second, with the same sm_90a SASS), then `bwd_sweep` in ranges: the backward sweep
+# last ran whole in the nineteenth session. The backward GPU tests outside the sweep have all
+# passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and fiftieth sessions).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -21,11 +21,6 @@
 #   bwd_l2      the same script under the causal mask at D = 96 / 128: L2 sections off, of
 #               half and twice BWD_L2_SECTION_BYTES, and (D = 96) 80 query rows; at D = 128
 #               m80 is the table's tile again, a measure of the noise
-#   epi_ab      scripts/tune_sm90.py: FwdTileConfig.stats_under_pv and lse_after_o (FA4's
-#               order of the last row-sum reduction and of the lse store, off), each and both,
-#               against the table at D=256 4k / 16k (unmasked and causal), D=128 16k and D=64
-#               4k causal / 16k: the rows short of FA4 (docs/perf/README.md, fifty-second
-#               session); EPI_SHAPES (comma-separated tune_sm90.py shapes) overrides the rows
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -33,10 +28,9 @@
 #               training step, CUDA-graph replay), with the 13 other deterministic ones: 52
 #               (all passed on the fiftieth session's H100)
 #   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
-#   epi_tests   the forward GPU tests of those switches forced on (test_fwd_epilogue_order_forced,
-#               20 cases; also part of fwd_rest)
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
-#               SWEEP_FROM (default 341) on, under a 560 s limit
+#               SWEEP_FROM (default 1) to SWEEP_TO (default the last), under a 560 s limit
+#               (140 cases took 185 s on the fifty-second session's H200: ranges of ~300)
 #   bwd_sweep   the backward GPU sweep (tests/test_bwd_sm90.py -k sweep, 480 cases, one a
 #               strict xfail) from case BWD_SWEEP_FROM (default 1) to BWD_SWEEP_TO (default
 #               the last), under a 560 s limit: it last ran whole in the nineteenth session, on
@@ -63,7 +57,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(epi_ab fwd_sweep fwd_rest)
+[ ${#steps[@]} -eq 0 ] && steps=(fwd_rest bwd_sweep)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -106,20 +100,14 @@ for step in "${steps[@]}"; do
           --variant l2x2=l2_section_bytes=67108864 --variant l2half=l2_section_bytes=16777216 \
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
-    epi_ab)
-      timeout 400 python3 scripts/tune_sm90.py --reps 30 \
-          --shapes "${EPI_SHAPES:-d256-4k,d256-16k,d256-4k-causal,d256-16k-causal,d128-16k,d64-4k-causal,d64-16k}" \
-          --variant base= --variant stats=stats_under_pv=True --variant lse=lse_after_o=True \
-          --variant both=stats_under_pv=True,lse_after_o=True \
-          --out "$OUT/tune_fwd_epi_$gpu.json" > "$OUT/tune_fwd_epi.log" 2>&1 ;;
     bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
           -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
     fwd_rest) gpu_tests 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py -k "not sweep" ;;
-    epi_tests) gpu_tests 200 gpu_tests_epi.log tests/test_fwd_sm90.py -k epilogue_order ;;
     fwd_sweep)
-      sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-341}" '$' ;;
+      sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-1}" \
+          "${SWEEP_TO:-\$}" ;;
     bwd_sweep)
       sweep_cases 560 gpu_tests_bwd_sweep.log tests/test_bwd_sm90.py "${BWD_SWEEP_FROM:-1}" \
           "${BWD_SWEEP_TO:-\$}" ;;
@@ -172,12 +160,10 @@ for step in "${steps[@]}"; do
     fwd_sweep) tail -8 "$OUT/gpu_tests_fwd_sweep.log" ;;
     bwd_sweep) tail -8 "$OUT/gpu_tests_bwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
-    epi_tests) tail -8 "$OUT/gpu_tests_epi.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
-    epi_ab) tail -32 "$OUT/tune_fwd_epi.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;

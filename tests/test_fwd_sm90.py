@@ -286,29 +286,6 @@ def test_fwd_interleave_rescale_forced(monkeypatch, d, dv, sq, sk, kw):
     assert FwdTileConfig(*key.tile).interleave_rescale, key
 
 
-# FwdTileConfig.stats_under_pv / lse_after_o (FA4's order of the last row-sum reduction and
-# of the lse store; off in the table), both forced on every tile: odd lengths (partial query
-# and key tiles), causal with Sq > Sk (rows and whole query tiles with no visible key: out 0,
-# lse -inf), windows and softcap
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "d,dv,sq,sk", [(64, 64, 457, 300), (128, 128, 457, 300), (192, 128, 300, 457),
-                   (256, 256, 457, 300), (256, 256, 1100, 2000)]
-)  # fmt: skip
-@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 7)}, {"softcap": 30.0}])
-def test_fwd_epilogue_order_forced(monkeypatch, d, dv, sq, sk, kw):
-    from cute_attn.arch.sm90.tile_config import FwdTileConfig
-
-    def change(cfg):
-        return dataclasses.replace(cfg, stats_under_pv=True, lse_after_o=True)
-
-    with _forced_table(monkeypatch, change) as keys:
-        _check(*attn_inputs(2, sq, sk, 4, 2, d, dv, torch.bfloat16), **kw)
-    (key,) = keys
-    cfg = FwdTileConfig(*key.tile)
-    assert cfg.stats_under_pv and cfg.lse_after_o, key
-
-
 # Persistent grids (FwdTileConfig.persistent_ctas): CTA c walks the (query tile, head, batch)
 # tiles c, c + ctas, ... (under a mask: passes of `ctas` tiles in alternating directions) with
 # its pipelines running on from tile to tile. 1 and 5 CTAs give every CTA many tiles across
@@ -667,43 +644,3 @@ def test_row_max_form_1_shuffles_with_one_fmnmx(tmp_path):
     for op in ("SHFL.BFLY", "MUFU.EX2"):
         assert form0[op] == form1[op] > 0, r
     assert form0["STL"] == form1["STL"] == 0, r
-
-
-_EPILOGUE_ORDER_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
-os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-from cute_attn.aot import _sass
-from cute_attn.arch.sm90.compile import FwdSpec, compile_fwd
-from cute_attn.arch.sm90.tile_config import fwd_tile_config
-
-out = {}
-for on in (False, True):
-    cfg = dataclasses.replace(fwd_tile_config(128, 128, True, False), stats_under_pv=on,
-                              lse_after_o=on)
-    spec = FwdSpec("bfloat16", 128, 128, 8, 8, False, True, False, cfg)
-    sass = _sass(compile_fwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    lines = [s for s in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", s)]
-    last = max(i for i, s in enumerate(lines) if "HGMMA" in s)
-    # the last P V GEMM: from its WARPGROUP.ARRIVE to its wait
-    arrive = max(i for i in range(last) if "WARPGROUP.ARRIVE" in lines[i])
-    wait = min(i for i in range(last, len(lines)) if "WARPGROUP.DEPBAR" in lines[i])
-    after = lines[last:]
-    first = lambda pat: min(i for i, s in enumerate(after) if re.search(pat, s))
-    out[str(on)] = {
-        "shfl_under_pv": sum("SHFL.BFLY" in s for s in lines[arrive:wait]),
-        "lse_after_tma": first(r"\bSTG\b") > first("UTMASTG"),
-        "stl": sass.count("STL"),
-    }
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.compile
-def test_epilogue_order_switches_move_what_they_say(tmp_path):
-    # stats_under_pv: the two rows' quad shuffles of l sit between the last P V GEMM's arrive
-    # and its wait (off: none there); lse_after_o: the lse stores come after O's TMA store
-    r = run_json_snippet(_EPILOGUE_ORDER_SNIPPET, tmp_path, timeout=900)
-    off, on = r["False"], r["True"]
-    assert off["shfl_under_pv"] == 0 and on["shfl_under_pv"] == 4, r
-    assert not off["lse_after_tma"] and on["lse_after_tma"], r
-    assert off["stl"] == on["stl"] == 0, r

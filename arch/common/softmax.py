@@ -13,7 +13,7 @@ fp32 max (2**128), and P (<= 256) is exactly representable in the bf16/fp16 expo
 (fp16 max 65504); the threshold is capped at 8 by the tile config.
 
 A row that has seen no visible key has m = -inf; the helpers substitute 0 for the max in
-the exponent so exp2 gives 0 (never NaN), and `finalize_stats` sees l = 0 for it, which the
+the exponent so exp2 gives 0 (never NaN), and `finalize` returns l = 0 for it, which the
 epilogue turns into out = 0, lse = -inf.
 """
 
@@ -68,7 +68,7 @@ class OnlineSoftmax(DslStruct):
     """Per-thread softmax state for the rows this thread holds (2 per 64-row wgmma atom).
 
     Row values live in 4 lanes (a quad); the max is reduced across the quad at every tile,
-    the sum only once in `finalize_stats` (each lane keeps a partial sum until then).
+    the sum only once in `finalize` (each lane keeps a partial sum until then).
     """
 
     _dynamic_ = ("scale_log2", "row_max", "row_sum")
@@ -301,15 +301,18 @@ class OnlineSoftmax(DslStruct):
                 o[r, c] = o[r, c] * scale_row
 
     @cute.jit
-    def finalize_stats(self, inv: cute.Tensor, lse: cute.Tensor):
-        """Each row's 1 / l into `inv` (0 for a row with no visible key) and its lse (natural
-        log, -inf for that row) into `lse`. Reads only m and l: a kernel may run it while the
-        last P V GEMM is still in flight."""
+    def finalize(self, acc_o: cute.Tensor) -> cute.Tensor:
+        """Normalize `acc_o` by the row sums; return lse (natural log, -inf for empty rows)."""
+        o = acc_as_rows_cols(acc_o)
+        lse = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
             l_row = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=4)
             empty = (l_row == 0.0) | (l_row != l_row)
-            inv_r = cute.arch.rcp_approx(Float32(cutlass.select_(empty, 1.0, l_row)))
-            inv[r] = Float32(cutlass.select_(empty, 0.0, inv_r))
+            inv = cute.arch.rcp_approx(Float32(cutlass.select_(empty, 1.0, l_row)))
+            inv = Float32(cutlass.select_(empty, 0.0, inv))
             m_row = self.row_max[r]
             lse_r = (m_row * self.scale_log2 + cute.math.log2(l_row, fastmath=True)) * LN2
             lse[r] = Float32(cutlass.select_(empty, -Float32.inf, lse_r))
+            for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                o[r, c] = o[r, c] * inv
+        return lse

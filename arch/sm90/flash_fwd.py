@@ -816,9 +816,6 @@ class FlashFwdSm90:
                     number_of_threads=2 * 128,
                 )
 
-        # 1 / l and lse of each row (OnlineSoftmax.finalize_stats)
-        inv_l = cute.make_rmem_tensor(num_rows, Float32)
-        lse = cute.make_rmem_tensor(num_rows, Float32)
         if n_max > n_min:
             pipe_q.consumer_wait(q_state)
             # ---- first key tile (rightmost): always masked, no PV yet
@@ -875,8 +872,8 @@ class FlashFwdSm90:
                 softmax.rescale(acc_o, pending_scale)
             pipe_v.consumer_wait(v_state)
             gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
-            if cutlass.const_expr(self.config.stats_under_pv):
-                softmax.finalize_stats(inv_l, lse)  # m and l are final; runs under the GEMM
+            # FA4 reduces the row sums and computes 1 / l and lse here, under this GEMM: no gain
+            # on the H200 (tune_fwd_epi_s52_h200.json, D=256 4k / 16k, D=128 16k)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(v_state)
         else:
@@ -884,8 +881,6 @@ class FlashFwdSm90:
                 # keep the ping-pong barrier phases balanced for a tile with no work
                 self._sched_wait(wg)
                 self._sched_arrive(wg)
-            if cutlass.const_expr(self.config.stats_under_pv):
-                softmax.finalize_stats(inv_l, lse)  # l = 0: out 0, lse -inf
         if cutlass.const_expr(self.use_pingpong):
             # the last warpgroup's last arrive on warpgroup 0's barrier has no partner yet:
             # complete it so no named barrier is left half-arrived
@@ -896,9 +891,7 @@ class FlashFwdSm90:
             # the PDL-launched combine may become resident once every CTA got here (or exited):
             # its launch overlaps this grid's epilogues, its waiting warps not the main loops
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(not self.config.stats_under_pv):
-            softmax.finalize_stats(inv_l, lse)
-        softmax.rescale(acc_o, inv_l)
+        lse = softmax.finalize(acc_o)
         if cutlass.const_expr(self.cluster_merge):
             used = None  # every row (FwdTileConfig.merge_used_rows off)
             if cutlass.const_expr(self.config.merge_used_rows):
@@ -1194,12 +1187,18 @@ class FlashFwdSm90:
         head: Int32,
         out_batch: Int32,
     ):
+        seqlen_q = seq.num_rows()
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        # lse: the thread holding column 0 of a row writes it. Before O's conversion: FA4's
+        # place, after O's TMA store, lost 4.7% at D=256 4k causal (tune_fwd_epi_s52_h200.json)
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cO))
-        lse_late = self.config.lse_after_o and not self.features.direct_store
-        if cutlass.const_expr(not lse_late):
-            self._store_lse(mLSE, lse, tOcO, seq, m_block, head, out_batch)
+        if tOcO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+                if self._stored_row(m_block, tOcO[r, 0][0], seqlen_q):
+                    row = m_block * self.tile_rows + tOcO[r, 0][0]
+                    mLSE[seq.first_row() + row, head, out_batch] = lse[r]
+
         if cutlass.const_expr(self.features.direct_store):
             self._store_o_direct(tiled_mma_pv, mO, acc_o, tOcO, tidx, seq, m_block, head, out_batch)
         else:
@@ -1207,31 +1206,6 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.features.cu_seqlens_q):
                 mO_head = seq.ragged_rows_q(mO, head)
             self._store_o_tma(tiled_mma_pv, tma_atom_O, mO_head, sO, acc_o, tidx, m_block)
-            if cutlass.const_expr(lse_late):
-                self._store_lse(mLSE, lse, tOcO, seq, m_block, head, out_batch)
-            if cutlass.const_expr(not self.persistent):
-                # Q's smem (now O) must stay until the TMA store has read it
-                warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-                if warp_idx == self.roles.store_warp:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _store_lse(
-        self,
-        mLSE: cute.Tensor,
-        lse: cute.Tensor,
-        tOcO: cute.Tensor,
-        seq: SeqInfo,
-        m_block: Int32,
-        head: Int32,
-        out_batch: Int32,
-    ):
-        """The thread holding column 0 of a row writes the row's lse."""
-        if tOcO[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
-                if self._stored_row(m_block, tOcO[r, 0][0], seq.num_rows()):
-                    row = m_block * self.tile_rows + tOcO[r, 0][0]
-                    mLSE[seq.first_row() + row, head, out_batch] = lse[r]
 
     @cute.jit
     def _store_o_tma(
@@ -1274,6 +1248,8 @@ class FlashFwdSm90:
             tOsO, tOgO = tma_tiles(tma_atom_O, first_rows(sO, self.tile_rows), gO)
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(not self.persistent):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _store_o_direct(

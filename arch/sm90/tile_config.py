@@ -104,15 +104,6 @@ class FwdTileConfig:
     # cluster, graphs of ten calls): 64.4 us against 65.0 (decode_split_cluster_ab_c_h200.json,
     # within 1%, one run): off.
     merge_used_rows: bool = False
-    # the final row sums' quad shuffles, 1 / l and lse computed between the last P V GEMM's
-    # issue and its wait, so their latency hides under that GEMM (FA4's SM90 order); off: after
-    # the wait, in the epilogue's critical path. Aimed at the per-CTA cost outside the main loop
-    # (docs/perf/README.md, fifty-first session's lead).
-    stats_under_pv: bool = False
-    # TMA-stored O: each row's lse written after O's smem copy and the TMA store's issue (FA4's
-    # order), so the lse stores' address math and branch leave the path to the epilogue's
-    # barriers; off: before O's conversion
-    lse_after_o: bool = False
 
     def __post_init__(self):
         if self.tile_m != 64 * self.num_mma_warpgroups:
