@@ -5,7 +5,7 @@
 # sweep on an H200 (they passed on an H100 in the forty-ninth session; the fifty-second
 # session's H200 passed the first 76 before its device time ran out; the whole forward sweep
 # has passed on H200s, cases 1-340 in the forty-eighth session and 341-480 in the
-# fifty-second, with the same sm_90a SASS), then `bwd_sweep` in ranges: the backward sweep
+# fifty-second, with the same kernel source), then `bwd_sweep` in ranges: the backward sweep
 # last ran whole in the nineteenth session. The backward GPU tests outside the sweep have all
 # passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and fiftieth sessions).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON

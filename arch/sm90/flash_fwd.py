@@ -872,8 +872,8 @@ class FlashFwdSm90:
                 softmax.rescale(acc_o, pending_scale)
             pipe_v.consumer_wait(v_state)
             gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False)
-            # FA4 reduces the row sums and computes 1 / l and lse here, under this GEMM: no gain
-            # on the H200 (tune_fwd_epi_s52_h200.json, D=256 4k / 16k, D=128 16k)
+            # the row sums' reduction, 1 / l and lse moved here, under this GEMM: no gain on the
+            # H200 (tune_fwd_epi_s52_h200.json, D=256 4k / 16k, D=128 16k)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(v_state)
         else:
@@ -1189,8 +1189,8 @@ class FlashFwdSm90:
     ):
         seqlen_q = seq.num_rows()
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        # lse: the thread holding column 0 of a row writes it. Before O's conversion: FA4's
-        # place, after O's TMA store, lost 4.7% at D=256 4k causal (tune_fwd_epi_s52_h200.json)
+        # lse: the thread holding column 0 of a row writes it. Before O's conversion: after O's
+        # TMA store it lost 4.7% at D=256 4k causal (tune_fwd_epi_s52_h200.json)
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cO))
         if tOcO[0, 0][1] == 0:
