@@ -53,6 +53,9 @@
 #               (issue #3's host-time and first-call bars)
 #   host_varlen scripts/host_overhead.py --varlen-only (the varlen entry's memo on / off, its
 #               hits without the bound launcher)
+#   ticket      the split-KV GPU tests with partials merged in the tiles' last splits
+#               (tile_config.fwd_split_ticket; the new tests force both merges), then
+#               scripts/split_ticket_ab.py (the last-split merge against the combine kernel)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
@@ -124,6 +127,10 @@ for step in "${steps[@]}"; do
       timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_$gpu.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
     inference) gpu_tests 450 gpu_tests_inference.log tests/test_inference_sm90.py ;;
+    ticket)
+      gpu_tests 300 gpu_tests_ticket.log tests/test_inference_sm90.py tests/test_pack_gqa_sm90.py \
+          -k "split or ticket or kvcache_decode or seqused_q or no_leak"
+      timeout 200 python3 scripts/split_ticket_ab.py > "$OUT/split_ticket_ab.log" 2>&1 ;;
     spec_bench)
       timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
           sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_$gpu.json" \
@@ -168,6 +175,7 @@ for step in "${steps[@]}"; do
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
     inference) tail -15 "$OUT/gpu_tests_inference.log" ;;
+    ticket) tail -12 "$OUT/gpu_tests_ticket.log"; grep -v "^ " "$OUT/split_ticket_ab.log" | tail -30 ;;
     spec_bench) tail -22 "$OUT/bench_spec_decode_graph.log" ;;
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;

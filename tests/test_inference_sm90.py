@@ -25,6 +25,7 @@ from cute_attn import (
     flash_attn_with_kvcache,
     reference,
 )
+from cute_attn.bench import capture_graph
 from cute_attn.inference import apply_rotary
 from cute_attn.reference import attention_ref
 
@@ -310,6 +311,134 @@ def test_split_cluster_merge_used_rows(clusters_up_to_max, monkeypatch, case, nu
         api._dense_memo.clear()
         api._kvcache_memo.clear()
     assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+def _clear_plans():
+    from cute_attn import api, fwd_sm90
+
+    fwd_sm90._plan.cache_clear()
+    api._dense_memo.clear()
+    api._kvcache_memo.clear()
+
+
+@pytest.fixture
+def ticket_rule(monkeypatch):
+    """Set tile_config.fwd_split_ticket's answer for the test (plans and memos cleared around
+    it): `ticket_rule(False)` sends split partials through the combine kernel."""
+    from cute_attn import fwd_sm90
+
+    def force(on: bool):
+        monkeypatch.setattr(fwd_sm90, "fwd_split_ticket", lambda rows: on)
+        _clear_plans()
+
+    yield force
+    monkeypatch.undo()
+    _clear_plans()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ticket", [False, True])
+@pytest.mark.parametrize("num_splits", [3, 16])
+@pytest.mark.parametrize("case", ["rows70", "decode", "kvcache"])
+def test_split_partials_merge_both_ways(ticket_rule, case, num_splits, ticket):
+    """Split partials merged by the combine kernel and by each tile's last split
+    (InputFeatures.split_ticket): 70 query rows under the causal corner (a partial second
+    tile), packed decode, and a KV-cache decode whose lengths leave most splits no key."""
+    ticket_rule(ticket)
+    g = cuda_gen(num_splits + len(case) + 7 * ticket)
+    sq, h, hkv, d, sk = (70, 4, 2, 128, 3000) if case == "rows70" else (1, 32, 8, 128, 2500)
+    q = torch.randn(3, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(3, sk, hkv, d, device="cuda", dtype=q.dtype, generator=g)
+            for _ in range(2))  # fmt: skip
+    if case == "kvcache":
+        lens = [1, 1300, sk]
+        n = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        out, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=n, num_splits=num_splits)
+        ref, ref_lse, same = cache_ref(q, k, v, range(3), lens, causal=True)
+    else:
+        out, lse = flash_attn_func(q, k, v, causal=True, num_splits=num_splits)
+        ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=True)
+        same, _ = attention_ref(q, k, v, compute_dtype=None, causal=True)
+    assert cute_attn.last_dispatch().impl == "sm90_fwd"
+    assert_matches(out, lse, ref, ref_lse, same)
+
+
+@pytest.mark.gpu
+def test_split_ticket_counters_reused(ticket_rule):
+    """The last-split merge's arrival counters (cute_attn.split_tickets) are reused, never
+    cleared per call: repeated calls on the default stream and on a side stream, and a CUDA
+    graph replayed several times with new inputs copied in, all match the reference, and
+    every counter is back at zero afterwards."""
+    from cute_attn import split_tickets
+
+    ticket_rule(True)
+    g = cuda_gen(11)
+
+    def inputs():
+        q = torch.randn(2, 70, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(2, 3000, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+                for _ in range(2))  # fmt: skip
+        return q, k, v
+
+    def check(q, k, v, out, lse):
+        ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=True)
+        same, _ = attention_ref(q, k, v, compute_dtype=None, causal=True)
+        assert_matches(out, lse, ref, ref_lse, same)
+
+    for _ in range(3):
+        q, k, v = inputs()
+        check(q, k, v, *flash_attn_func(q, k, v, causal=True, num_splits=5))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        runs = [(t := inputs(), flash_attn_func(*t, causal=True, num_splits=5)) for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(side)
+    for t, res in runs:
+        check(*t, *res)
+    static = inputs()
+    graph, (out, lse) = capture_graph(
+        lambda: flash_attn_func(*static, causal=True, num_splits=5), warmup=2
+    )
+    for _ in range(3):
+        fresh = inputs()
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        check(*fresh, out, lse)
+    torch.cuda.synchronize()
+    block = split_tickets._blocks[torch.cuda.current_device()]
+    assert int(block.counters.count_nonzero()) == 0
+
+
+@pytest.mark.gpu
+def test_split_ticket_fresh_counters(ticket_rule, monkeypatch):
+    """Where no reusable counters can be had, a launch takes fresh zeros (a memset before it):
+    a graph captured before any eager split launch on the device (simulated: no block), and a
+    grid of more tiles than a stream's region."""
+    from cute_attn import split_tickets
+
+    ticket_rule(True)
+    g = cuda_gen(12)
+    q = torch.randn(2, 70, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, 3000, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+            for _ in range(2))  # fmt: skip
+    ref, ref_lse = attention_ref(q, k, v, compute_dtype=torch.float32, causal=True)
+    same, _ = attention_ref(q, k, v, compute_dtype=None, causal=True)
+    flash_attn_func(q, k, v, causal=True, num_splits=5)  # builds the plan outside the capture
+    monkeypatch.setattr(split_tickets, "_blocks", {})
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        out, lse = flash_attn_func(q, k, v, causal=True, num_splits=5)
+    torch.cuda.current_stream().wait_stream(side)
+    assert split_tickets._blocks == {}
+    for _ in range(3):
+        graph.replay()
+        assert_matches(out, lse, ref, ref_lse, same)
+    monkeypatch.setattr(split_tickets, "REGION", 4)  # 6 tiles (2 x 4 heads... x 1) > 4
+    out, lse = flash_attn_func(q, k, v, causal=True, num_splits=5)
     assert_matches(out, lse, ref, ref_lse, same)
 
 
