@@ -29,7 +29,7 @@ from cute_attn import fwd_sm90, split_tickets  # noqa: E402
 from cute_attn.bench import environment  # noqa: E402
 from cute_attn.reference import attention_ref  # noqa: E402
 
-ROUNDS = 60
+ROUNDS = 40
 # name: (batch, seqlen_k, query rows, head dim, through the KV-cache entry)
 ROWS = {
     "b1-32k": (1, 32768, 1, 128, False),
