@@ -58,12 +58,6 @@ FWD_INPUTS = (
                                    "wide": True}),
     ("kvcache batch_idx split cluster", {"seqused_k": True, "kv_batch_idx": True,
                                          "split_kv": True, "split_cluster": True}),
-    # the last split merges the partials itself (tile_config.fwd_split_ticket)
-    ("decode split wide ticket", {"split_kv": True, "split_ticket": True, "decode": True,
-                                  "wide": True}),
-    ("varlen seqused split ticket", {"cu_seqlens_q": True, "cu_seqlens_k": True,
-                                     "seqused_q": True, "seqused_k": True, "split_kv": True,
-                                     "split_ticket": True}),
     ("decode wide", {"decode": True, "wide": True}),
     ("decode kvcache wide", {"seqused_k": True, "decode": True, "wide": True}),
     ("decode paged128 wide", {"seqused_k": True, "paged_kv": True, "decode": True,
@@ -81,8 +75,6 @@ FWD_INPUTS = (
     ("pack_gqa kvcache", {"seqused_k": True, "pack_gqa": True, "decode": True, "mask": "causal"}),
     ("pack_gqa kvcache split", {"seqused_k": True, "pack_gqa": True, "split_kv": True,
                                 "decode": True, "mask": "causal"}),
-    ("pack_gqa kvcache split ticket", {"seqused_k": True, "pack_gqa": True, "split_kv": True,
-                                       "split_ticket": True, "decode": True, "mask": "causal"}),
     ("pack_gqa varlen", {"cu_seqlens_q": True, "cu_seqlens_k": True, "pack_gqa": True,
                          "decode": True, "mask": "causal"}),
     # and on the two-CTAs-per-SM decode tile, where tile_config.fwd_pack_gqa_wide takes it
@@ -305,8 +297,6 @@ def _job_list(spec: tuple) -> list[tuple]:
             meant = tuple(i for i in meant if i != "UTMASTG")
         if inputs.get("split_cluster"):
             meant += ("UCGABAR_WAIT",)  # the cluster barriers of the merge
-        elif inputs.get("split_ticket"):
-            meant += ("ATOMG",)  # the arrival count of the last-split merge
         elif inputs.get("split_kv"):
             meant += ("PREEXIT",)  # griddepcontrol.launch_dependents for the PDL combine
         build, make_key = builders[kind]

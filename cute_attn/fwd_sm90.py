@@ -33,7 +33,6 @@ import torch
 # most of a fresh process's first call.
 import tvm_ffi  # noqa: F401
 
-from . import split_tickets
 from .arch.common.features import InputFeatures
 from .arch.sm90.tile_config import (
     SUPPORTED_HEAD_DIMS,
@@ -46,7 +45,6 @@ from .arch.sm90.tile_config import (
     fwd_persistent,
     fwd_ragged_cache,
     fwd_split_cluster,
-    fwd_split_ticket,
     fwd_tile_config,
     packed_tile_rows,
     paged_tile_n,
@@ -114,8 +112,6 @@ class IndexCheckKey(KernelKey):
 
 
 _DENSE = InputFeatures()
-# the forward's optional tensor arguments (compile.compile_fwd), none given: a dense launch
-_NO_INPUTS = (None,) * 10
 # The inputs whose packed-decode calls may take the two-CTAs-per-SM tile (`wide`): every input
 # set a decode call packs. Dense: docs/perf/tune_decode_*_h200.json (B=64 8k 4.47-4.49 ->
 # 4.56 TB/s, B=128 2k 4.41 -> 4.49). KV cache: test_kvcache_decode_wide_grid checks the
@@ -399,18 +395,16 @@ class _Plan:
     allocations and the launches."""
 
     fn: object  # the compiled forward
-    combine: object | None  # the compiled combine, when a second kernel merges the partials
+    combine: object | None  # the compiled combine, when the splits leave fp32 partials
     scalars: tuple  # (scale_log2, premul, window_left, window_right, rows, splits)
     splits: int
     group: int  # query heads packed per KV head by the host view (1: not packed that way)
-    # split_ticket: the grid's output tiles, one arrival counter each (0: no last-split merge)
-    tickets: int = 0
 
     @property
     def partials(self) -> bool:
-        """The kernel writes fp32 partials stacked by split, which the combine or the tiles'
-        last splits merge (splits merged inside a cluster write out / lse themselves)."""
-        return self.combine is not None or self.tickets > 0
+        """The kernel writes fp32 partials stacked by split, which the combine merges (splits
+        merged inside a cluster write out / lse themselves, and build no combine)."""
+        return self.splits > 1 and self.combine is not None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -445,11 +439,9 @@ def _plan(
     ) and (splits > 1 or fills_two_ctas_per_sm(ctas, num_sms))  # fmt: skip
     feats = features
     if splits > 1:
-        cluster = fwd_split_cluster(splits, p.head_dim_v)
         feats = dataclasses.replace(
-            features, split_kv=True, split_cluster=cluster,
-            split_ticket=not cluster and fwd_split_ticket(min(rows, tile_rows)),
-        )  # fmt: skip
+            features, split_kv=True, split_cluster=fwd_split_cluster(splits, p.head_dim_v)
+        )
     # dense and unsplit in fwd_persistent's bucket (its window is the kernel's: the packed
     # decode view has none); the table itself keeps decode on one CTA per tile
     persistent = feats == _DENSE and fwd_persistent(
@@ -457,22 +449,16 @@ def _plan(
     )
     scale_log2, premul = softmax_scales(p.softmax_scale, p.softcap)
     combine = None
-    if feats.partials and not feats.split_ticket:
+    if feats.partials:
         combine = build_combine(CombineKey(ARCH, p.dtype, p.head_dim_v))
     key = fwd_key(kp, features=feats, decode=decode, tall=tall, wide=wide,
                   persistent_sms=num_sms if persistent else 0)  # fmt: skip
-    tickets = 0
-    if feats.split_ticket:  # the kernel's grid without its splits
-        tile_m = FwdTileConfig(*key.tile).tile_m
-        grid_rows = packed_tile_rows(tile_m, in_kernel_group) if in_kernel_group > 1 else tile_m
-        tickets = -(-rows // grid_rows) * heads * batch
     return _Plan(
         fn=build_fwd(key),
         combine=combine,
         scalars=(scale_log2, premul, *kernel_window(kp, max_seqlen_q + seqlen_k), rows, splits),
         splits=splits,
         group=group,
-        tickets=tickets,
     )
 
 
@@ -530,23 +516,18 @@ def _run(
         l_k = torch.empty((splits * lse.shape[0], *lse.shape[1:]), dtype=torch.float32,
                           device=q.device)  # fmt: skip
     if seqused_q is not None:
-        # the rows a last-split merge never reaches are out's; the combine merges every row
-        _empty_rows(*((out, lse) if plan.tickets else (o_k, l_k)))
-    qk, ok, lk, merged = q, o_k, l_k, (None, None, None)
+        _empty_rows(o_k, l_k)
+    qk, ok, lk = q, o_k, l_k
     if group > 1:
         qk, ok, lk = _pack_rows(q, group), _pack_rows(o_k, group), _pack_lse(l_k, group)
     on_device = q.device.index == torch.cuda.current_device()
     # the launches (and their stream: torch's current one) must be on q's device
     with contextlib.nullcontext() if on_device else torch.cuda.device(q.device):
-        if plan.tickets:
-            out_k, lse_k = (_pack_rows(out, group), _pack_lse(lse, group)) if group > 1 else (
-                out, lse)  # fmt: skip
-            merged = (out_k, lse_k, split_tickets.tickets(q.device.index, plan.tickets))
         plan.fn(
             qk, k, v, ok, lk, *plan.scalars, cu_q, cu_k, seqused_q, seqused_k, kv_batch_idx,
-            page_table, batch_order, *merged,
+            page_table, batch_order,
         )  # fmt: skip
-        if plan.combine is not None:
+        if plan.partials:
             plan.combine(o_k.view(splits, *out.shape), l_k.view(splits, *lse.shape), out, lse)
 
 
@@ -692,7 +673,7 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
 
     if splits == 1 and group == 1 and features == _DENSE:
         # the tiny-call path: two allocations and one launch, nothing else per call
-        tail = (*scalars, *_NO_INPUTS)
+        tail = (*scalars, None, None, None, None, None, None, None)
 
         def launch_one(q, k, v):
             # q's dtype and device, contiguous
@@ -711,10 +692,6 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
         return launch_one
 
     fill_rows = features.seqused_q
-    tiles = plan.tickets
-    if group > 1 and tiles:  # the merged out / lse in the packed views too
-        out_view = ((b, group, h // group, dv), (h * dv, dv, group * dv, 1))
-        lse_view = ((b, h // group, group), (h, group, 1))
 
     def launch(q, k, v, seqused_k=None, kv_batch_idx=None, page_table=None, cu_q=None,
                cu_k=None, seqused_q=None):  # fmt: skip
@@ -725,21 +702,20 @@ def _bound_launch(q, p: AttnProblem, features: InputFeatures, max_seqlen_q, seql
         if partials:  # fp32, stacked along batch (as in _run)
             o_k, l_k = q.new_empty(part_o, dtype=f32), q.new_empty(part_l, dtype=f32)
         if fill_rows:  # rows past seqused_q are never computed (as in _run)
-            _empty_rows(*((out, lse) if tiles else (o_k, l_k)))
-        qk, ok, lk, merged = q, o_k, l_k, (None, None, None)
+            _empty_rows(o_k, l_k)
+        qk, ok, lk = q, o_k, l_k
         if group > 1:
             qk, ok, lk = q.as_strided(*q_view), o_k.as_strided(*o_view), l_k.as_strided(*l_view)
         tail = (cu_q, cu_k, seqused_q, seqused_k, kv_batch_idx, page_table, None)
-        with contextlib.nullcontext() if current() == index else torch.cuda.device(index):
-            # (the launches, and their stream: torch's current one, must be on q's device)
-            if tiles:
-                out_k, lse_k = out, lse
-                if group > 1:
-                    out_k, lse_k = out.as_strided(*out_view), lse.as_strided(*lse_view)
-                merged = (out_k, lse_k, split_tickets.tickets(index, tiles))
-            fn(qk, k, v, ok, lk, *scalars, *tail, *merged)
-            if combine is not None:
+        if current() == index:
+            fn(qk, k, v, ok, lk, *scalars, *tail)
+            if partials:
                 combine(o_k.view(stack_o), l_k.view(stack_l), out, lse)
+        else:  # the launches (and their stream: torch's current one) must be on q's device
+            with torch.cuda.device(index):
+                fn(qk, k, v, ok, lk, *scalars, *tail)
+                if partials:
+                    combine(o_k.view(stack_o), l_k.view(stack_l), out, lse)
         return out, lse
 
     return launch

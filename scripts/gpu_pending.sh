@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `fwd_rest bwd_sweep`
-# (more than one call's 600 s: pass them a call at a time): the forward GPU tests outside the
-# sweep on an H200 (they passed on an H100 in the forty-ninth session; the fifty-second
-# session's H200 passed the first 76 before its device time ran out; the whole forward sweep
-# has passed on H200s, cases 1-340 in the forty-eighth session and 341-480 in the
-# fifty-second, with the same kernel source), then `bwd_sweep` in ranges: the backward sweep
-# last ran whole in the nineteenth session. The backward GPU tests outside the sweep have all
-# passed on H100s (`bwd_rest`, `bwd_tail`: forty-ninth and fiftieth sessions).
+# installed there), by steps; the default is what is still pending, `fwd_rest`: the forward
+# GPU tests outside the sweep on an H200 from test FWD_REST_FROM (default 77: the
+# fifty-second session's H200 passed the first 76; all of them passed on an H100 in the
+# forty-ninth session; the whole forward sweep has passed on H200s, cases 1-340 in the
+# forty-eighth session and 341-480 in the fifty-second, with the same kernel source). The
+# backward sweep passed whole on an H100 in the fifty-third session (479 passed, its one
+# strict xfail), and the backward GPU tests outside it on H100s (`bwd_rest`, `bwd_tail`:
+# forty-ninth and fiftieth sessions).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -27,7 +27,8 @@
 #               limit (deterministic order, fallback, non-contiguous views, torch.compile
 #               training step, CUDA-graph replay), with the 13 other deterministic ones: 52
 #               (all passed on the fiftieth session's H100)
-#   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep")
+#   fwd_rest    the forward GPU tests but the sweep (tests/test_fwd_sm90.py -k "not sweep"),
+#               from test FWD_REST_FROM (default 77) in collection order, under a 560 s limit
 #   fwd_sweep   the forward GPU sweep (tests/test_fwd_sm90.py -k sweep, 480 cases) from case
 #               SWEEP_FROM (default 1) to SWEEP_TO (default the last), under a 560 s limit
 #               (140 cases took 185 s on the fifty-second session's H200: ranges of ~300)
@@ -53,14 +54,11 @@
 #               (issue #3's host-time and first-call bars)
 #   host_varlen scripts/host_overhead.py --varlen-only (the varlen entry's memo on / off, its
 #               hits without the bound launcher)
-#   ticket      the split-KV GPU tests with partials merged in the tiles' last splits
-#               (tile_config.fwd_split_ticket; the new tests force both merges), then
-#               scripts/split_ticket_ab.py (the last-split merge against the combine kernel)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(fwd_rest bwd_sweep)
+[ ${#steps[@]} -eq 0 ] && steps=(fwd_rest)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -74,15 +72,17 @@ gpu_tests() {
   local limit=$1 log=$2; shift 2
   timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > "$OUT/$log" 2>&1
 }
-# sweep_cases LIMIT LOG FILE FROM TO: FILE's sweep cases FROM..TO (1-based, in collection
-# order; TO '$': the last) under a time limit; nothing runs when the range is empty (an empty
-# id list would run every GPU test of the file)
+# sweep_cases LIMIT LOG FILE FROM TO [KEXPR]: FILE's GPU tests that -k KEXPR (default
+# sweep) selects, FROM..TO (1-based, in collection order; TO '$': the last), under a time
+# limit; nothing runs when the range is empty (an empty id list would run every GPU test of
+# the file)
 sweep_cases() {
   local limit=$1 log=$2 file=$3 ids
-  ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "$file" -k sweep \
-      2>/dev/null | grep "::" | sed -n "$4,$5p")
+  ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "$file" \
+      -k "${6:-sweep}" 2>/dev/null | grep "::" | sed -n "$4,$5p")
   # shellcheck disable=SC2086  # one test id a word
-  [ -n "$ids" ] && gpu_tests "$limit" "$log" $ids
+  # -v: a run cut by its limit still names the tests that passed
+  [ -n "$ids" ] && gpu_tests "$limit" "$log" -v $ids
 }
 declare -A rcs
 for step in "${steps[@]}"; do
@@ -107,7 +107,9 @@ for step in "${steps[@]}"; do
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
           -k "deterministic or unserved or noncontiguous or torch_compile or cuda_graph_replay" ;;
-    fwd_rest) gpu_tests 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py -k "not sweep" ;;
+    fwd_rest)
+      sweep_cases 560 gpu_tests_fwd_rest.log tests/test_fwd_sm90.py "${FWD_REST_FROM:-77}" \
+          '$' "not sweep" ;;
     fwd_sweep)
       sweep_cases 560 gpu_tests_fwd_sweep.log tests/test_fwd_sm90.py "${SWEEP_FROM:-1}" \
           "${SWEEP_TO:-\$}" ;;
@@ -127,10 +129,6 @@ for step in "${steps[@]}"; do
       timeout 90 python3 scripts/kvcache_tail_ab.py --out "$OUT/kvcache_tail_ab_$gpu.json" \
           > "$OUT/kvcache_tail_ab.log" 2>&1 ;;
     inference) gpu_tests 450 gpu_tests_inference.log tests/test_inference_sm90.py ;;
-    ticket)
-      timeout 200 python3 scripts/split_ticket_ab.py > "$OUT/split_ticket_ab.log" 2>&1
-      gpu_tests "${TICKET_TESTS_S:-300}" gpu_tests_ticket.log tests/test_inference_sm90.py \
-          tests/test_pack_gqa_sm90.py -k "split or ticket or kvcache_decode or seqused_q" ;;
     spec_bench)
       timeout 200 python3 -m cute_attn bench --preset spec-decode --graph --impls cute_attn fa4 \
           sdpa-cudnn --reps 50 --out "$OUT/bench_spec_decode_graph_$gpu.json" \
@@ -175,7 +173,6 @@ for step in "${steps[@]}"; do
     wide_varlen) tail -30 "$OUT/pack_gqa_ab_wide_varlen.log" ;;
     tail_ab) tail -20 "$OUT/kvcache_tail_ab.log" ;;
     inference) tail -15 "$OUT/gpu_tests_inference.log" ;;
-    ticket) tail -12 "$OUT/gpu_tests_ticket.log"; grep -v "^ " "$OUT/split_ticket_ab.log" | tail -30 ;;
     spec_bench) tail -22 "$OUT/bench_spec_decode_graph.log" ;;
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;

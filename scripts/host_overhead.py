@@ -77,7 +77,7 @@ def _breakdown(q, k, v) -> dict:
     plan = fwd_sm90._plan(p, fwd_sm90._DENSE, b, sq, p.seqlen_k, False, q.device.index)
 
     def launch():
-        plan.fn(q, k, v, out, lse, *plan.scalars, *[None] * 10)
+        plan.fn(q, k, v, out, lse, *plan.scalars, *[None] * 7)
 
     def alloc():
         torch.empty((b, sq, h, p.head_dim_v), dtype=q.dtype, device=q.device)

@@ -126,7 +126,7 @@ def run(fn_key, q, k, v, window, scale, out=None, lse=None):
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda", dtype=torch.float32)
     s_log2, premul = softmax_scales(scale, 0.0)
     left, right = (max(w, 0) for w in window)
-    fn(q, k, v, out, lse, s_log2, premul, left, right, q.shape[1], 1, *[None] * 10)
+    fn(q, k, v, out, lse, s_log2, premul, left, right, q.shape[1], 1, *[None] * 7)
     return out, lse
 
 

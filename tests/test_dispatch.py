@@ -592,27 +592,22 @@ def _layout(x):
 
 
 @pytest.mark.parametrize(
-    "splits,group,kvcache,merge",
-    [(3, 4, True, "combine"), (1, 4, True, None), (2, 1, True, "combine"), (1, 1, True, None),
-     (1, 1, False, None), (3, 4, False, "combine"), (3, 4, True, "cluster"),
-     (2, 1, False, "cluster"), (3, 4, True, "ticket"), (3, 1, False, "ticket")],
+    "splits,group,kvcache,cluster",
+    [(3, 4, True, False), (1, 4, True, False), (2, 1, True, False), (1, 1, True, False),
+     (1, 1, False, False), (3, 4, False, False), (3, 4, True, True), (2, 1, False, True)],
 )  # fmt: skip
-def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, merge):
+def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, cluster):
     # the bound launcher passes the kernels what _run does (packed decode rows, split
     # partials, the combine's stacked views; splits merged in a cluster write out / lse
-    # themselves, no combine; merged by the last split, the merged out / lse in the kernel's
-    # views and the counters), with fresh outputs per call
-    from cute_attn import fwd_sm90, split_tickets
+    # themselves, no combine), with fresh outputs per call
+    from cute_attn import fwd_sm90
 
     seen = {"fn": [], "combine": []}
-    combine = (lambda *a: seen["combine"].append(a)) if merge == "combine" else None
+    combine = None if cluster else (lambda *a: seen["combine"].append(a))
     plan = fwd_sm90._Plan(
         fn=lambda *a: seen["fn"].append(a), combine=combine,
         scalars=(1.0, 1.0, 0, 0, group, splits), splits=splits, group=group,
-        tickets=6 if merge == "ticket" else 0,
     )  # fmt: skip
-    counters = torch.zeros(8, dtype=torch.int32)
-    monkeypatch.setattr(split_tickets, "tickets", lambda index, n: counters[:n])
     monkeypatch.setattr(fwd_sm90, "_plan", lambda *a: plan)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     p = dataclasses.replace(BASE, batch=2, seqlen_q=1, seqlen_k=300, device_type="cpu",
@@ -629,17 +624,9 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, merge):
     assert out2.shape == out.shape and lse2.shape == lse.shape and out2.dtype == out.dtype
 
     (a_run, a_bound) = seen["fn"]
-    assert len(a_bound) == 21
     assert [_layout(x) for x in a_run] == [_layout(x) for x in a_bound]
     assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[11] is None and a_bound[14] is lens
-    if merge == "ticket":  # fp32 partials, the merged out / lse (packed views) and counters
-        assert seen["combine"] == [] and a_bound[3].dtype == torch.float32
-        assert a_bound[18].data_ptr() == out2.data_ptr() and a_bound[18].dtype == out2.dtype
-        assert a_bound[19].data_ptr() == lse2.data_ptr()
-        assert a_bound[20].data_ptr() == counters.data_ptr() and a_bound[20].numel() == 6
-        return
-    assert a_bound[18:] == (None, None, None)
-    if merge != "combine":
+    if splits == 1 or cluster:
         assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
         assert a_bound[3].dtype == out2.dtype and a_bound[4].data_ptr() == lse2.data_ptr()
         return
@@ -651,28 +638,22 @@ def test_bound_launch_matches_run(monkeypatch, splits, group, kvcache, merge):
 
 
 @pytest.mark.parametrize(
-    "splits,used_q,paged,ticket", [(1, False, False, False), (3, False, False, False),
-                                   (1, True, False, False), (3, True, False, False),
-                                   (1, False, True, False), (2, True, True, False),
-                                   (3, True, False, True), (2, False, True, True)],
+    "splits,used_q,paged", [(1, False, False), (3, False, False), (1, True, False),
+                            (3, True, False), (1, False, True), (2, True, True)],
 )  # fmt: skip
-def test_varlen_launcher_matches_run_fwd_varlen(monkeypatch, splits, used_q, paged, ticket):
+def test_varlen_launcher_matches_run_fwd_varlen(monkeypatch, splits, used_q, paged):
     # the varlen entry's bound launcher passes the kernels what run_fwd_varlen does (packed
     # rows as one batch row, dense keys viewed as one, seqused_q's rows filled, split partials
-    # and the combine's stacked views, or the merged out / lse and counters of a last-split
-    # merge), with fresh outputs per call; None where run_fwd_varlen does more (gathered
-    # pages, empty sizes) or an index tensor is strided
-    from cute_attn import fwd_sm90, split_tickets
+    # and the combine's stacked views), with fresh outputs per call; None where
+    # run_fwd_varlen does more (gathered pages, empty sizes) or an index tensor is strided
+    from cute_attn import fwd_sm90
     from cute_attn.validation import validate_varlen_static
 
     seen = {"fn": [], "combine": []}
-    combine = (lambda *a: seen["combine"].append(a)) if splits > 1 and not ticket else None
     plan = fwd_sm90._Plan(
-        fn=lambda *a: seen["fn"].append(a), combine=combine,
-        scalars=(1.0, 1.0, 0, 0, 4, splits), splits=splits, group=1, tickets=5 * ticket,
+        fn=lambda *a: seen["fn"].append(a), combine=lambda *a: seen["combine"].append(a),
+        scalars=(1.0, 1.0, 0, 0, 4, splits), splits=splits, group=1,
     )  # fmt: skip
-    counters = torch.zeros(8, dtype=torch.int32)
-    monkeypatch.setattr(split_tickets, "tickets", lambda index, n: counters[:n])
     monkeypatch.setattr(fwd_sm90, "_plan", lambda *a: plan)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     q = torch.randn(7, 8, 64, dtype=torch.bfloat16)
@@ -702,16 +683,11 @@ def test_varlen_launcher_matches_run_fwd_varlen(monkeypatch, splits, used_q, pag
     assert a_bound[0].data_ptr() == q.data_ptr() and a_bound[1].data_ptr() == k.data_ptr()
     for i, name in enumerate(index):  # the call's own index tensors
         assert a_bound[11 + i + (i > 3)] is index[name]
-    if ticket:  # the merged out / lse (filled past seqused_q: no merge reaches those rows)
-        assert seen["combine"] == [] and a_bound[3].dtype == torch.float32
-        assert a_bound[18].data_ptr() == out2.data_ptr() and a_bound[20].numel() == 5
-        if used_q:
-            assert bool((out2 == 0).all()) and bool((lse2 == float("-inf")).all())
-    elif used_q:  # rows past seqused_q: out 0 / lse -inf before the launch (or the partials)
+    if used_q:  # rows past seqused_q: out 0 / lse -inf before the launch (or the partials)
         assert bool((a_bound[3] == 0).all()) and bool((a_bound[4] == float("-inf")).all())
     if splits == 1:
         assert seen["combine"] == [] and a_bound[3].data_ptr() == out2.data_ptr()
-    elif not ticket:
+    else:
         (c_run, c_bound) = seen["combine"]
         assert [_layout(x) for x in c_run] == [_layout(x) for x in c_bound]
         assert c_bound[2].data_ptr() == out2.data_ptr() and c_bound[3].data_ptr() == lse2.data_ptr()

@@ -20,7 +20,6 @@ from cute_attn.arch.sm90.tile_config import (
     fills_two_ctas_per_sm,
     fwd_pack_gqa,
     fwd_split_cluster,
-    fwd_split_ticket,
     fwd_tile_config,
     paged_tile_n,
 )
@@ -158,14 +157,7 @@ def test_split_cluster_rule_and_plans(monkeypatch):
         feats = InputFeatures(*plan.fn.features)
         assert plan.splits > 1 and feats.split_kv, (d, splits)
         assert feats.split_cluster is cluster and plan.partials is not cluster, (d, splits)
-        # partials merge in the combine kernel or in each tile's last split (split_ticket),
-        # which counts arrivals on one counter a tile: B = 8 x 8 KV heads, one tile each
-        ticket = feats.split_ticket
-        assert not (ticket and cluster) and ticket is (not cluster and fwd_split_ticket(4))
-        assert (plan.combine is None) is (cluster or ticket), (d, splits)
-        assert plan.tickets == (64 if ticket else 0), (d, splits)
-    with pytest.raises(ValueError, match="split_ticket"):
-        InputFeatures(split_kv=True, split_cluster=True, split_ticket=True)
+        assert (plan.combine is None) is cluster, (d, splits)
     fwd_sm90._plan.cache_clear()
 
 

@@ -36,10 +36,6 @@ class InputFeatures:
     # portable cluster size) and merge their partials through distributed shared memory, so
     # out / lse are final (in the output dtype): no fp32 partials, no combine launch
     split_cluster: bool = False
-    # with split_kv (partials): the last split of a tile to finish merges the tile's partials
-    # and writes out / lse itself, so no combine is launched. Each split counts its arrival on
-    # the tile's int32 counter (zero before the launch; the last split sets it back to 0)
-    split_ticket: bool = False
     # with seqused_k, dense (unpacked, unpaged) k / v whose batch rows lie back to back (batch
     # stride = rows x row stride; the host checks v's): V loads through the ragged view of all
     # B x capacity rows, which ends at each row's last used key (row kv_batch's keys start at
@@ -55,8 +51,6 @@ class InputFeatures:
     def __post_init__(self):
         if self.split_cluster and not self.split_kv:
             raise ValueError("split_cluster merges split-KV partials: needs split_kv")
-        if self.split_ticket and not (self.split_kv and not self.split_cluster):
-            raise ValueError("split_ticket merges fp32 partials: split_kv without split_cluster")
         if self.ragged_cache and not (
             self.seqused_k and not self.cu_seqlens_k and not self.paged_kv
         ):
@@ -64,8 +58,7 @@ class InputFeatures:
 
     @property
     def partials(self) -> bool:
-        """The kernel's out / lse are fp32 partials stacked by split (merged by the combine
-        kernel, or with split_ticket by the tile's last split into the final out / lse)."""
+        """out / lse are fp32 partials stacked by split (merged later by the combine kernel)."""
         return self.split_kv and not self.split_cluster
 
     @property

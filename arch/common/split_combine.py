@@ -40,16 +40,12 @@ NUM_THREADS = 128
 # Partial loads a lane keeps in flight per step: split_unroll * head_dim_v / 32 registers. 64
 # holds the 16 splits of the bench's B=1 decode row at D=128 in one step.
 STEP_REGISTERS = 64
-# The same merge at the end of the split-KV forward (FwdTileConfig.split_ticket) runs under
-# the consumers' register budget: 64 spilled there (68 spill instructions on the two-CTA
-# decode tile at D=128, sm_90a); 32 do not.
-STEP_REGISTERS_IN_KERNEL = 32
 
 
-def default_split_unroll(head_dim_v: int, step_registers: int = STEP_REGISTERS) -> int:
-    """The largest power of two <= 16 whose step fits `step_registers` at head_dim_v."""
+def default_split_unroll(head_dim_v: int) -> int:
+    """The largest power of two <= 16 whose step fits STEP_REGISTERS at head_dim_v."""
     u = 16
-    while u > 1 and u * (head_dim_v // 32) > step_registers:
+    while u > 1 and u * (head_dim_v // 32) > STEP_REGISTERS:
         u //= 2
     return u
 
@@ -101,6 +97,7 @@ class SplitCombine:
         tidx = cute.arch.thread_idx()[0]
         lane = tidx % 32
         row = cute.arch.block_idx()[0] * self.rows_per_cta + tidx // 32
+        num_splits = mOpart.shape[0]
         heads, seqlen = mO.shape[2], mO.shape[1]
         # heads vary fastest: consecutive warps write consecutive (row, head) runs of out
         head = row % heads
@@ -110,101 +107,73 @@ class SplitCombine:
             # nothing below may read a partial before the split kernel has finished
             cute.arch.griddepcontrol_wait()
         if batch < mO.shape[0]:  # warp-uniform
-            lse = merge_split_row(
-                mOpart[None, batch, pos, head, None],
-                mLSEpart[None, batch, head, pos],
-                mO[batch, pos, head, None],
-                lane,
-                self.split_unroll,
-            )
+            u, cpl, last = self.split_unroll, self.cols_per_lane, num_splits - 1
+            # Every load that needs no other load is issued first, together: lane s's lse_s
+            # (splits 0..31) and the first step's partials. The reductions below then wait on
+            # one L2 round trip, not on one per pass.
+            lse_chunk = -Float32.inf
+            if lane < num_splits:
+                lse_chunk = mLSEpart[lane, batch, head, pos]
+            buf = cute.make_rmem_tensor((u * cpl,), Float32)
+            self.load_step(mOpart, buf, 0, last, batch, pos, head, lane)
+            # pass 1: the largest lse_s, then the sum of exp(lse_s - max), over the splits
+            # (past 32 splits the later chunks are read here and again below)
+            m = lse_chunk
+            for s in cutlass.range(lane + 32, num_splits, 32, unroll=1):
+                m = cute.arch.fmax(m, mLSEpart[s, batch, head, pos])
+            m = cute.arch.warp_reduction_max(m)
+            m_safe = cutlass.select_(m == -Float32.inf, Float32(0.0), m)
+            total = cute.math.exp2((lse_chunk - m_safe) * LOG2E)
+            for s in cutlass.range(lane + 32, num_splits, 32, unroll=1):
+                total += cute.math.exp2((mLSEpart[s, batch, head, pos] - m_safe) * LOG2E)
+            total = cute.arch.warp_reduction_sum(total)
+            # lse = m + log(total); exp(-inf) = 0 weights every split of an empty row by 0
+            lse = -Float32.inf
+            if total > Float32(0.0):
+                lse = m_safe + cute.math.log2(total) / LOG2E
+            lse_safe = cutlass.select_(total > Float32(0.0), lse, Float32(0.0))
+            acc = cute.make_rmem_tensor((cpl,), Float32)
+            acc.fill(0.0)
+            for s32 in cutlass.range(0, num_splits, 32, unroll=1):
+                # lane i holds the weight of split s32 + i (0 past the last split: its lse
+                # is -inf)
+                w_lane = cute.math.exp2((lse_chunk - lse_safe) * LOG2E)
+                in_chunk = cutlass.min(32, num_splits - s32)
+                for step in cutlass.range(0, in_chunk, u, unroll=1):
+                    # buf holds splits s32 + step .. + u - 1 (a split past the last one
+                    # re-reads the last, with weight 0)
+                    for i in cutlass.range_constexpr(u):
+                        w = cute.arch.shuffle_sync(w_lane, step + i)
+                        for j in cutlass.range_constexpr(cpl):
+                            acc[j] += w * buf[i * cpl + j]
+                    if s32 + step + u < num_splits:  # warp-uniform: the next step's partials
+                        self.load_step(mOpart, buf, s32 + step + u, last, batch, pos, head, lane)
+                lse_chunk = -Float32.inf
+                if s32 + 32 + lane < num_splits:
+                    lse_chunk = mLSEpart[s32 + 32 + lane, batch, head, pos]
+            for j in cutlass.range_constexpr(cpl):
+                mO[batch, pos, head, j * 32 + lane] = acc[j].to(self.dtype)
             if lane == 0:
                 mLSE[batch, head, pos] = lse
 
-
-@cute.jit
-def merge_split_row(
-    o_splits: cute.Tensor,
-    lse_splits: cute.Tensor,
-    o_dst: cute.Tensor,
-    lane: Int32,
-    split_unroll: cutlass.Constexpr[int],
-) -> Float32:
-    """One warp merges one query row: o_splits (splits, dv) fp32 and lse_splits (splits,) are
-    that row's partials, o_dst (dv,) its output row, which every lane writes at its columns
-    (c = 32 j + lane). Returns the row's lse (every lane holds it). Shared by the combine
-    kernel and the split-KV forward's last split (FwdTileConfig.split_ticket)."""
-    num_splits = o_splits.shape[0]
-    cpl = o_splits.shape[1] // 32
-    u, last = split_unroll, num_splits - 1
-    # Every load that needs no other load is issued first, together: lane s's lse_s (splits
-    # 0..31) and the first step's partials. The reductions below then wait on one L2 round
-    # trip, not on one per pass.
-    lse_chunk = -Float32.inf
-    if lane < num_splits:
-        lse_chunk = lse_splits[lane]
-    buf = cute.make_rmem_tensor((u * cpl,), Float32)
-    _load_step(o_splits, buf, 0, last, lane, u, cpl)
-    # pass 1: the largest lse_s, then the sum of exp(lse_s - max), over the splits (past 32
-    # splits the later chunks are read here and again below)
-    m = lse_chunk
-    for s in cutlass.range(lane + 32, num_splits, 32, unroll=1):
-        m = cute.arch.fmax(m, lse_splits[s])
-    m = cute.arch.warp_reduction_max(m)
-    m_safe = cutlass.select_(m == -Float32.inf, Float32(0.0), m)
-    total = cute.math.exp2((lse_chunk - m_safe) * LOG2E)
-    for s in cutlass.range(lane + 32, num_splits, 32, unroll=1):
-        total += cute.math.exp2((lse_splits[s] - m_safe) * LOG2E)
-    total = cute.arch.warp_reduction_sum(total)
-    # lse = m + log(total); exp(-inf) = 0 weights every split of an empty row by 0
-    lse = -Float32.inf
-    if total > Float32(0.0):
-        lse = m_safe + cute.math.log2(total) / LOG2E
-    lse_safe = cutlass.select_(total > Float32(0.0), lse, Float32(0.0))
-    acc = cute.make_rmem_tensor((cpl,), Float32)
-    acc.fill(0.0)
-    for s32 in cutlass.range(0, num_splits, 32, unroll=1):
-        # lane i holds the weight of split s32 + i (0 past the last split: its lse is -inf)
-        w_lane = cute.math.exp2((lse_chunk - lse_safe) * LOG2E)
-        in_chunk = cutlass.min(32, num_splits - s32)
-        for step in cutlass.range(0, in_chunk, u, unroll=1):
-            # buf holds splits s32 + step .. + u - 1 (a split past the last one re-reads the
-            # last, with weight 0)
-            for i in cutlass.range_constexpr(u):
-                w = cute.arch.shuffle_sync(w_lane, step + i)
-                for j in cutlass.range_constexpr(cpl):
-                    acc[j] += w * buf[i * cpl + j]
-            if s32 + step + u < num_splits:  # warp-uniform: the next step's partials
-                _load_step(o_splits, buf, s32 + step + u, last, lane, u, cpl)
-        lse_chunk = -Float32.inf
-        if s32 + 32 + lane < num_splits:
-            lse_chunk = lse_splits[s32 + 32 + lane]
-    for j in cutlass.range_constexpr(cpl):
-        o_dst[j * 32 + lane] = acc[j].to(o_dst.element_type)
-    return lse
+    @cute.jit
+    def load_step(
+        self,
+        mOpart: cute.Tensor,
+        buf: cute.Tensor,
+        first: Int32,
+        last: Int32,
+        batch: Int32,
+        pos: Int32,
+        head: Int32,
+        lane: Int32,
+    ):
+        """buf <- the partials of splits first .. first + split_unroll - 1 (clamped to the
+        last split) at this lane's columns: independent loads, all in flight together."""
+        for i in cutlass.range_constexpr(self.split_unroll):
+            s = cutlass.min(first + i, last)
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                buf[i * self.cols_per_lane + j] = mOpart[s, batch, pos, head, j * 32 + lane]
 
 
-@cute.jit
-def _load_step(
-    o_splits: cute.Tensor,
-    buf: cute.Tensor,
-    first: Int32,
-    last: Int32,
-    lane: Int32,
-    split_unroll: cutlass.Constexpr[int],
-    cpl: cutlass.Constexpr[int],
-):
-    """buf <- the partials of splits first .. first + split_unroll - 1 (clamped to the last
-    split) at this lane's columns: independent loads, all in flight together."""
-    for i in cutlass.range_constexpr(split_unroll):
-        s = cutlass.min(first + i, last)
-        for j in cutlass.range_constexpr(cpl):
-            buf[i * cpl + j] = o_splits[s, j * 32 + lane]
-
-
-__all__ = [
-    "NUM_THREADS",
-    "STEP_REGISTERS_IN_KERNEL",
-    "SplitCombine",
-    "default_split_unroll",
-    "merge_split_row",
-]
+__all__ = ["SplitCombine", "NUM_THREADS"]

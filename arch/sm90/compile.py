@@ -3,11 +3,9 @@
 `compile_fwd(spec)` returns a TVM-FFI compiled function taking torch tensors directly
 (q, k, v, out, lse, softmax_scale_log2, score_premul, window_left, window_right, max_seqlen_q,
 num_splits, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, kv_batch_idx, page_table,
-batch_order, out_final, lse_final, tickets) on torch's current stream; the seven optional int32
-tensors are None unless spec.features says the variant takes them (k / v are (num_pages,
-page_size, heads, dim) with page_table), and the last three are None but with split_ticket
-(out / lse are then the fp32 partials; out_final / lse_final the merged result, tickets the
-int32 arrival counters).
+batch_order) on torch's current stream; the seven optional int32 tensors are None unless
+spec.features says the variant takes them (k / v are (num_pages, page_size, heads, dim) with
+page_table).
 Batch and sequence lengths and all strides but the last are symbolic, so one compiled object
 serves every length; head counts and head dims are static (they are in the compile key).
 Strides carry divisibility 8 (16-byte TMA rule), checked by the host.
@@ -129,18 +127,11 @@ def compile_fwd(spec: FwdSpec, options: str = "", jit_engine: bool = True):
             assumed_align=4,
         )  # fmt: skip
     order = _fake_int32_vector() if feats.batch_order else None
-    merged = [None, None, None]
-    if feats.split_ticket:  # the merged out / lse beside the partials, and the counters
-        merged = [
-            _fake_bshd(DTYPES[spec.dtype], spec.num_heads, spec.head_dim_v, b, sq),
-            _fake_rows(b, spec.num_heads, sq),
-            _fake_int32_vector(),
-        ]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
         kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0),
         cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), *optional, page_table, order,
-        *merged, stream, options=options, jit_engine=jit_engine,
+        stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 

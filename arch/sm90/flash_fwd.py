@@ -22,9 +22,8 @@ Optional inputs (`InputFeatures`, arch/common/seqlen.py; presence is static): cu
 (packed sequences, one CTA row range each), seqused_q (rows used per packed sequence),
 seqused_k and cache_batch_idx (KV cache), page_table (paged k / v: one TMA box per key tile
 from the page that holds it), split-KV (grid z = batch x splits, each CTA an equal share of its
-key-tile range; the partials are merged by arch/common/split_combine.py, with split_ticket
-by the tile's last split to finish (`_merge_if_last`), or with split_cluster inside the
-cluster of the tile's splits). The V rows past a sequence inside its
+key-tile range; the partials are merged by arch/common/split_combine.py, or with
+split_cluster inside the cluster of the tile's splits). The V rows past a sequence inside its
 last key tile never reach P V: packed, unpaged k / v load V through a ragged view that ends at
 each sequence's last key (TMA fills the rest with zeros); with seqused_k alone or pages they
 are zeroed in smem. batch_order: grid z-slice z computes batch row batch_order[z] (longest
@@ -69,11 +68,6 @@ from ..common.mask import TileMask, apply_softcap
 from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, ragged_rows
 from ..common.softmax import LN2, LOG2E, OnlineSoftmax
-from ..common.split_combine import (
-    STEP_REGISTERS_IN_KERNEL,
-    default_split_unroll,
-    merge_split_row,
-)
 from .persistent import PersistentUnits
 from .primitives import (
     arrive_after,
@@ -225,8 +219,6 @@ class FlashFwdSm90:
         # from sQ's start over sK and sV (contiguous: 1024-aligned members of 1024-multiple
         # sizes), where the cluster's leader reads them
         self.cluster_merge = feats.split_cluster
-        # fp32 partials that a second kernel (the PDL-launched combine) merges
-        self.combined_later = feats.partials and not feats.split_ticket
         if self.cluster_merge:
             xchg = self.roles.num_mma_threads * (self.head_dim_v // 2 + 2) * 4
             qkv = (self.tile_m * self.head_dim + cfg.num_stages * cfg.tile_n
@@ -266,9 +258,6 @@ class FlashFwdSm90:
         mKvBatchIdx: cute.Tensor | None,  # (batch,) int32, with features.kv_batch_idx
         mPageTable: cute.Tensor | None,  # (batch, max_pages) int32, with features.paged_kv
         mBatchOrder: cute.Tensor | None,  # (batch,) int32, with features.batch_order
-        mOut: cute.Tensor | None,  # split_ticket: the merged (b, s_q, h, dv) in the input dtype
-        mLSEOut: cute.Tensor | None,  # split_ticket: the merged (b, h, s_q) fp32
-        mTickets: cute.Tensor | None,  # split_ticket: (>= tiles,) int32 arrival counters, zero
         stream: cuda.CUstream,
     ):
         feats = self.features
@@ -281,16 +270,10 @@ class FlashFwdSm90:
         mQ, mO = [select_modes(t, [1, 3, 2, 0]) for t in (mQ, mO)]
         mK, mV = [select_modes(t, [1, 3, 2, 0]) for t in (mK, mV)]
         mLSE = select_modes(mLSE, [2, 1, 0])  # (seq, head, batch)
-        if cutlass.const_expr(feats.split_ticket):
-            mOut = select_modes(mOut, [1, 3, 2, 0])
-            mLSEOut = select_modes(mLSEOut, [2, 1, 0])
         if cutlass.const_expr(feats.pack_gqa):
             # rows ((G, seq)) of each KV head's query heads; the grid walks KV heads
             mQ, mO = [pack_gqa_rows(t, self.pack_rows, 2) for t in (mQ, mO)]
             mLSE = pack_gqa_rows(mLSE, self.pack_rows, 1)
-            if cutlass.const_expr(feats.split_ticket):
-                mOut = pack_gqa_rows(mOut, self.pack_rows, 2)
-                mLSEOut = pack_gqa_rows(mLSEOut, self.pack_rows, 1)
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
@@ -363,8 +346,6 @@ class FlashFwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
-            # split_ticket: whether this CTA is its tile's last split (one thread's count)
-            ticket: cute.struct.MemRange[Int32, 1 if feats.split_ticket else 0]
 
         self.shared_storage = SharedStorage
 
@@ -419,9 +400,6 @@ class FlashFwdSm90:
             mPageTable,
             mBatchOrder,
             sections,
-            mOut,
-            mLSEOut,
-            mTickets,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -467,13 +445,10 @@ class FlashFwdSm90:
         mPageTable: cute.Tensor | None,
         mBatchOrder: cute.Tensor | None,
         sections: L2Sections | None,
-        mOut: cute.Tensor | None,
-        mLSEOut: cute.Tensor | None,
-        mTickets: cute.Tensor | None,
     ):
         roles = self.roles
         feats = self.features
-        if cutlass.const_expr(self.combined_later and self.config.early_dependents):
+        if cutlass.const_expr(feats.partials and self.config.early_dependents):
             # the combine kernel (launched with PDL) may become resident now; it waits for this
             # grid's completion in griddepcontrol.wait, so only its launch latency is hidden
             cute.arch.griddepcontrol_launch_dependents()
@@ -527,13 +502,6 @@ class FlashFwdSm90:
             if cutlass.const_expr(feats.split_kv):
                 split = batch % num_splits
                 batch = batch // num_splits
-            merge = None
-            if cutlass.const_expr(feats.split_ticket):
-                # the tile's counter: its grid coordinates but the split
-                grid_x, grid_y, _ = cute.arch.grid_dim()
-                ticket = (batch * grid_y + head) * grid_x + m_block
-                merge = (mOut, mLSEOut, mTickets, ticket, storage.ticket.get_tensor(
-                    cute.make_layout(1)), num_batch, num_splits)  # fmt: skip
             if cutlass.const_expr(feats.batch_order):
                 batch = mBatchOrder[batch]
             if cutlass.const_expr(self.l2_sections):
@@ -604,7 +572,7 @@ class FlashFwdSm90:
                         tiled_mma_qk, tiled_mma_pv, tma_atom_O, mO, mLSE, sQ, sK, sV, sO,
                         pipe_q, pipe_k, pipe_v, mask, seq, m_block, head, out_batch, n_min, n_max,
                         softmax_scale_log2, score_premul, anchor,
-                        *self._pipeline_states(pipeline.PipelineUserType.Consumer), xchg, merge,
+                        *self._pipeline_states(pipeline.PipelineUserType.Consumer), xchg,
                     )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
@@ -804,12 +772,10 @@ class FlashFwdSm90:
         q_state: pipeline.PipelineState,
         kv_state: pipeline.PipelineState,
         xchg: cute.Pointer | None = None,
-        merge: tuple | None = None,
     ):
         """One query tile: the main loop, then the epilogue. Returns the pipeline states after
         it (a persistent CTA's next tile continues from there). `xchg`: with split_cluster,
-        this CTA's fp32 exchange buffer (`_merge_splits`). `merge`: with split_ticket, what
-        `_merge_if_last` takes after the partials are stored."""
+        this CTA's fp32 exchange buffer (`_merge_splits`)."""
         tidx = cute.arch.thread_idx()[0] - 128  # index among consumer threads
         # consumer warpgroup 0 .. N-1; marked warp-uniform so the wgmma descriptors derived from
         # it live in uniform registers (else 16 R2UR moves per iteration sit before the HGMMAs)
@@ -921,7 +887,7 @@ class FlashFwdSm90:
             if wg == 0:
                 self._sched_wait(wg)
 
-        if cutlass.const_expr(self.combined_later and not self.config.early_dependents):
+        if cutlass.const_expr(self.features.partials and not self.config.early_dependents):
             # the PDL-launched combine may become resident once every CTA got here (or exited):
             # its launch overlaps this grid's epilogues, its waiting warps not the main loops
             cute.arch.griddepcontrol_launch_dependents()
@@ -941,8 +907,6 @@ class FlashFwdSm90:
                 tiled_mma_pv, tma_atom_O, mO, mLSE, sO, acc_o, lse, tidx, seq, m_block, head,
                 out_batch,
             )  # fmt: skip
-            if cutlass.const_expr(self.features.split_ticket):
-                self._merge_if_last(mO, mLSE, tidx, seq, m_block, head, *merge)
         return q_state, kv_state
 
     @cute.jit
@@ -1205,72 +1169,6 @@ class FlashFwdSm90:
                         o[r, c] = o[r, c] * inv
         cute.arch.cluster_arrive()  # release: the leader's reads of the peers' smem
         return rank == 0
-
-    @cute.jit
-    def _merge_if_last(
-        self,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        tidx: Int32,
-        seq: SeqInfo,
-        m_block: Int32,
-        head: Int32,
-        mOut: cute.Tensor,
-        mLSEOut: cute.Tensor,
-        mTickets: cute.Tensor,
-        ticket: Int32,
-        sTicket: cute.Tensor,
-        num_batch: Int32,
-        num_splits: Int32,
-    ):
-        """split_ticket, after this split stored its partials (mO / mLSE, stacked by split):
-        count its arrival on the tile's counter mTickets[ticket]. The split that arrives last
-        sets the counter back to 0 for the next launch and merges every split's partials of
-        the tile into mOut / mLSEOut, one consumer warp a row (split_combine.merge_split_row,
-        the combine kernel's merge). The arrival follows a grid barrier's pattern: the CTA
-        barrier, then one thread's gpu-scope fence and acq_rel atomic, so the last split's
-        reads see every split's stores."""
-        threads = self.roles.num_mma_threads
-        # every consumer thread has issued its partial stores
-        cute.arch.barrier(barrier_id=self.roles.bar_epilogue, number_of_threads=threads)
-        if tidx == 0:
-            cute.arch.fence_acq_rel_gpu()
-            arrived = cute.arch.atomic_add(
-                mTickets.iterator + ticket, Int32(1), sem="acq_rel", scope="gpu"
-            )
-            last = Int32(cutlass.select_(arrived == num_splits - 1, 1, 0))
-            if last != 0:
-                mTickets[ticket] = Int32(0)
-            cute.arch.fence_acq_rel_gpu()
-            sTicket[0] = last
-        cute.arch.barrier(barrier_id=self.roles.bar_epilogue, number_of_threads=threads)
-        if sTicket[0] != 0:
-            # split s's rows sit at batch b0 + s * step of the stacked partials
-            b0, step = seq.q_batch, num_batch
-            if cutlass.const_expr(self.features.cu_seqlens_q):
-                b0, step = Int32(0), Int32(1)
-            mO_rows = seq.rows_q(mO[None, None, head, b0])
-            mOut_rows = seq.rows_q(mOut[None, None, head, b0])
-            lse_rows = mLSE[None, head, b0]
-            o_split_stride = mO.stride[3] * step
-            lse_split_stride = mLSE.stride[2] * step
-            unroll = default_split_unroll(self.head_dim_v, STEP_REGISTERS_IN_KERNEL)
-            warp, lane = tidx // 32, tidx % 32
-            for r in cutlass.range(warp, self.tile_rows, threads // 32, unroll=1):
-                row = m_block * self.tile_rows + r
-                if row < seq.num_rows():  # warp-uniform
-                    o_splits = cute.make_tensor(
-                        mO_rows[row, None].iterator,
-                        cute.make_layout((num_splits, self.head_dim_v), stride=(o_split_stride, 1)),
-                    )
-                    lse_row = seq.first_row() + row
-                    lse_splits = cute.make_tensor(
-                        lse_rows.iterator + cute.crd2idx(lse_row, lse_rows.layout),
-                        cute.make_layout(num_splits, stride=lse_split_stride),
-                    )
-                    lse = merge_split_row(o_splits, lse_splits, mOut_rows[row, None], lane, unroll)
-                    if lane == 0:
-                        mLSEOut[lse_row, head, b0] = lse
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit

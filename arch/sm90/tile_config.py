@@ -732,15 +732,6 @@ def fwd_split_cluster(num_splits: int, head_dim_v: int) -> bool:
     return num_splits == 2 and head_dim_v <= 192
 
 
-def fwd_split_ticket(rows_per_tile: int) -> bool:
-    """Whether a split-KV forward that leaves fp32 partials (no cluster merge) merges them in
-    the tile's last split to finish (InputFeatures.split_ticket: an arrival counter per tile,
-    one consumer warp a row) rather than in the PDL-launched combine kernel. `rows_per_tile`:
-    the query rows one tile holds (the packed decode view's G, packed GQA's G x Sq, else up
-    to tile_m), which the last split's warps merge in turn. Not yet measured on a GPU."""
-    return True
-
-
 @dataclasses.dataclass(frozen=True)
 class BwdTileConfig:
     """Static shape of one backward variant. A CTA owns tile_n keys and walks the query tiles
