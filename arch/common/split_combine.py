@@ -21,6 +21,11 @@ split kernel still runs (that kernel's consumers signal `griddepcontrol.launch_d
 when they reach the epilogue; FwdTileConfig.early_dependents moves the signal to its start)
 and wait in `griddepcontrol.wait` until every split partial is written and visible. That
 hides this launch's latency behind the split kernel's tail (docs/perf/decode_splits_h200.json).
+Merging in each tile's last split instead (an int32 arrival counter per tile; the split that
+arrives last re-reads the tile's partials and merges them, one warp a row; commit ea84506)
+lost on every row of an H100 A/B, 0.4-1.2 us a call at 1-4 rows a tile and 4.9 us at 16
+(docs/perf/split_ticket_ab_s53_h100.json): the counter's round trip and the last split's
+serial reads cost more than this launch's grid boundary.
 
 Tensors: o_part (splits, batch, seq, heads, dv) fp32, lse_part (splits, batch, heads, seq)
 fp32, out (batch, seq, heads, dv) in the output dtype, lse (batch, heads, seq) fp32.
