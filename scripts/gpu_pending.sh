@@ -81,8 +81,8 @@ sweep_cases() {
   ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "$file" \
       -k "${6:-sweep}" 2>/dev/null | grep "::" | sed -n "$4,$5p")
   # shellcheck disable=SC2086  # one test id a word
-  # -v: a run cut by its limit still names the tests that passed
-  [ -n "$ids" ] && gpu_tests "$limit" "$log" -v $ids
+  # -vv (gpu_tests passes -q): a run cut by its limit still names the tests that passed
+  [ -n "$ids" ] && gpu_tests "$limit" "$log" -vv $ids
 }
 declare -A rcs
 for step in "${steps[@]}"; do
