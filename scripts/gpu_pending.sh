@@ -80,8 +80,8 @@ sweep_cases() {
   local limit=$1 log=$2 file=$3 ids
   ids=$(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "$file" \
       -k "${6:-sweep}" 2>/dev/null | grep "::" | sed -n "$4,$5p")
-  # shellcheck disable=SC2086  # one test id a word
   # -vv (gpu_tests passes -q): a run cut by its limit still names the tests that passed
+  # shellcheck disable=SC2086  # one test id a word
   [ -n "$ids" ] && gpu_tests "$limit" "$log" -vv $ids
 }
 declare -A rcs
