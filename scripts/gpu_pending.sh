@@ -12,6 +12,10 @@
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
+#   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
+#               issued before the wait for this tile's dK) against the table, D = 64 / 96 /
+#               128 unmasked and causal (D = 64 causal excluded: ptxas serializes its wgmmas
+#               there), and in the deterministic order
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
 #   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view), the
 #               memo-hit tests (KV-cache, varlen) and the varlen bound-launcher tests of the
@@ -58,7 +62,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(fwd_rest)
+[ ${#steps[@]} -eq 0 ] && steps=(sdk_ab)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -96,6 +100,14 @@ for step in "${steps[@]}"; do
           --shapes d128-16k,d128-8k,d128-4k,gqa-d128-16k,d96-16k \
           --variant base= --variant m64=tile_m=64,dq_flat=False \
           --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
+    sdk_ab)
+      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d128-4k,d128-16k,d128-4k-causal,d128-16k-causal,d96-4k,d96-4k-causal,d96-16k-causal,d128-1k,d128-2k-causal,gqa-d128-4k-causal,d64-4k,d64-16k \
+          --variant base= --variant sdk=s_under_dk=True \
+          --out "$OUT/tune_bwd_sdk_$gpu.json" > "$OUT/tune_bwd_sdk.log" 2>&1
+      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 --shapes d128-4k-causal,d96-4k \
+          --variant det=deterministic=1 --variant det_sdk=deterministic=1,s_under_dk=True \
+          --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
     bwd_l2)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d96-4k-causal,d96-16k-causal,d128-4k-causal,d128-16k-causal \
@@ -167,6 +179,7 @@ for step in "${steps[@]}"; do
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
+    sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
     pack_ab) tail -30 "$OUT/pack_gqa_ab_wide.log" ;;

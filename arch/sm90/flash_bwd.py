@@ -901,6 +901,11 @@ class FlashBwdSm90:
         acc_shape_dq = thr_dq.partition_shape_C(
             (self.tile_dq, tm) if cutlass.const_expr(self.swap_dq) else (tm, self.tile_d)
         )
+        if cutlass.const_expr(
+            self.config.s_under_dk and cute.size(acc_shape_dq) > cute.size(acc_shape_st)
+        ):
+            # s_under_dk accumulates dQ^T in the S^T registers
+            raise ValueError("s_under_dk: dQ^T's accumulator must fit in S^T's registers")
         acc_dk = cute.make_rmem_tensor(wg_dk.partition_shape_C(dk_shape), Float32)
         acc_dv = cute.make_rmem_tensor(wg_dv.partition_shape_C(dv_shape), Float32)
         acc_dk.fill(0.0)
@@ -992,6 +997,15 @@ class FlashBwdSm90:
                 segments = [(True, m_min, free_lo), (False, free_lo, free_hi)]
                 if cutlass.const_expr(mask.has_left):
                     segments.append((True, free_hi, m_max))
+            s_ahead = self.config.s_under_dk
+            if cutlass.const_expr(s_ahead):
+                # the S^T accumulator lives across iterations; the first tile's S^T is issued
+                # here, each next one at the end of the tile before it. tiles_left: the query
+                # tiles after the current one (a group_heads CTA walks them for each head)
+                acc_s_ahead = cute.make_rmem_tensor(acc_shape_st, Float32)
+                tiles_left = (m_max - m_min) * self.heads_per_cta
+                pipe_q.consumer_wait(state)
+                self._issue_s(tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state.index)
             # GQA with group_heads: the query heads of the KV head in turn, one pipeline
             # run across them (dK / dV keep accumulating)
             for _g in cutlass.range(self.heads_per_cta, unroll=1):
@@ -1000,16 +1014,16 @@ class FlashBwdSm90:
                     for m_block in cutlass.range(m_lo, m_hi, unroll=1):
                         stage, stage_do = state.index, state_do.index
                         ds_stage = 0 if cutlass.const_expr(single_ds) else stage
+                        if cutlass.const_expr(s_ahead):
+                            tiles_left -= 1
                         # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
-                        acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
                         acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
-                        pipe_q.consumer_wait(state)
-                        # zero-filled columns (padded_head_dim, dq_head_dim) stay out of
-                        # the k-blocks of S^T and dP^T: only the tensors' own head dims
-                        a_s, b_s = tSrK, tSrQ[None, None, None, stage]
-                        if cutlass.const_expr(not self.swap_sdp):
-                            a_s, b_s = b_s, a_s
-                        gemm(tiled_mma_sdp, acc_s, a_s, b_s, True, k_blocks=self.head_dim // 16)
+                        if cutlass.const_expr(s_ahead):
+                            acc_s = acc_s_ahead
+                        else:
+                            acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
+                            pipe_q.consumer_wait(state)
+                            self._issue_s(tiled_mma_sdp, acc_s, tSrK, tSrQ, stage)
                         # this thread's query columns of lse_log2 / D, read from smem where used
                         # (loading lse into registers here, before the GEMMs, measured no faster:
                         # tune_bwd_lse_dq2_h200.json)
@@ -1067,7 +1081,17 @@ class FlashBwdSm90:
                                 tdVrP[None, None, None, stage_do], False,
                             )  # fmt: skip
                         # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
-                        acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
+                        if cutlass.const_expr(s_ahead):
+                            # dQ^T accumulates in the S^T registers (dead once dS is formed;
+                            # the next S^T overwrites them once dQ^T is staged): a wgmma reads
+                            # its accumulator even when it zero-fills it, so a separate S^T
+                            # accumulator would stay live through dQ^T and dK (ptxas then
+                            # serializes every wgmma for want of registers)
+                            acc_dq = cute.make_tensor(
+                                acc_s_ahead.iterator, cute.make_layout(acc_shape_dq)
+                            )
+                        else:
+                            acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
                         r_dqs = tdQrdS[None, None, None, ds_stage]
                         if cutlass.const_expr(self.swap_dq):
                             gemm(tiled_mma_dq, acc_dq, tdQrKt, r_dqs, True)  # dQ^T = K^T dS^T
@@ -1093,7 +1117,20 @@ class FlashBwdSm90:
                         cute.arch.barrier_arrive(
                             barrier_id=bar_dq_full, number_of_threads=dq_threads
                         )
-                        warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
+                        if cutlass.const_expr(s_ahead):
+                            if tiles_left > 0:
+                                # the next tile's S^T queues behind this tile's dK
+                                state_next = state.clone()
+                                state_next.advance()
+                                pipe_q.consumer_wait(state_next)
+                                self._issue_s(
+                                    tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state_next.index
+                                )
+                                warpgroup.wait_group(1)  # dK done
+                            else:
+                                warpgroup.wait_group(0)
+                        else:
+                            warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
                         pipe_q.consumer_release(state)
                         if cutlass.const_expr(single_ds):
                             cute.arch.barrier_arrive(
@@ -1196,6 +1233,23 @@ class FlashBwdSm90:
         if cutlass.const_expr(self.varlen):
             return cute.domain_offset((row_off,) + (0,) * (cute.rank(t) - 1), t)
         return t
+
+    @cute.jit
+    def _issue_s(
+        self,
+        tiled_mma_sdp: cute.TiledMma,
+        acc_s: cute.Tensor,
+        tSrK: cute.Tensor,
+        tSrQ: cute.Tensor,
+        q_stage: Int32,
+    ):
+        """Issue S^T = K Q^T (S = Q K^T) of the query tile in Q's smem stage q_stage. Zero-filled
+        columns (padded_head_dim, dq_head_dim) stay out of the k-blocks: only the tensors' own
+        head dims."""
+        a_s, b_s = tSrK, tSrQ[None, None, None, q_stage]
+        if cutlass.const_expr(not self.swap_sdp):
+            a_s, b_s = b_s, a_s
+        gemm(tiled_mma_sdp, acc_s, a_s, b_s, True, k_blocks=self.head_dim // 16)
 
     @cute.jit
     def _query_stat(self, tSsX: cute.Tensor) -> cute.Tensor:

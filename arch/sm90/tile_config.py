@@ -816,8 +816,15 @@ class BwdTileConfig:
     # on barriers of its own and the writer adds as a run of its own, so neither warpgroup
     # waits for the other's staging or for the add of the other's half
     dq_wg_handoff: bool = False
+    # issue the next query tile's S^T = K Q^T right after this tile's dQ^T is staged, before
+    # the wait for this tile's dK, so the tensor cores have it queued behind dK while the
+    # warpgroup stages dQ^T and loops (FA4 waits for dK first). The S^T accumulator stays
+    # live across the loop's back edge; dK / dV tiles only (not dkv_swap_ab)
+    s_under_dk: bool = False
 
     def __post_init__(self):
+        if self.s_under_dk and self.dkv_swap_ab:
+            raise ValueError("s_under_dk is built for the dK / dV register tiles: no dkv_swap_ab")
         if self.dq_flat and not self.dq_swap_ab:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
