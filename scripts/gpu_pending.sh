@@ -16,6 +16,9 @@
 #               issued before the wait for this tile's dK) against the table, D = 64 / 96 /
 #               128 unmasked and causal (D = 64 causal excluded: ptxas serializes its wgmmas
 #               there), and in the deterministic order
+#   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
+#               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
+#               80 rows with it, against the table
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
 #   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view), the
 #               memo-hit tests (KV-cache, varlen) and the varlen bound-launcher tests of the
@@ -108,6 +111,13 @@ for step in "${steps[@]}"; do
       timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 --shapes d128-4k-causal,d96-4k \
           --variant det=deterministic=1 --variant det_sdk=deterministic=1,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
+    sdk_rows)
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
+          --variant base= --variant m64=tile_m=64,dq_flat=False \
+          --variant m64_sdk=tile_m=64,dq_flat=False,s_under_dk=True \
+          --variant m80_sdk=tile_m=80,s_under_dk=True \
+          --out "$OUT/tune_bwd_sdk_rows_$gpu.json" > "$OUT/tune_bwd_sdk_rows.log" 2>&1 ;;
     bwd_l2)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d96-4k-causal,d96-16k-causal,d128-4k-causal,d128-16k-causal \
@@ -179,6 +189,7 @@ for step in "${steps[@]}"; do
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
+    sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;

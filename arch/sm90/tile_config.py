@@ -823,8 +823,11 @@ class BwdTileConfig:
     s_under_dk: bool = False
 
     def __post_init__(self):
-        if self.s_under_dk and self.dkv_swap_ab:
-            raise ValueError("s_under_dk is built for the dK / dV register tiles: no dkv_swap_ab")
+        if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
+            raise ValueError(
+                "s_under_dk is built for the dK / dV register tiles in one loop: no dkv_swap_ab"
+                " or split_mask_loops"
+            )
         if self.dq_flat and not self.dq_swap_ab:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
@@ -1040,6 +1043,18 @@ def bwd_tile_config(
     # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead.
     if causal and not local and not deterministic and head_dim > 64:
         cfg = dataclasses.replace(cfg, l2_section_bytes=BWD_L2_SECTION_BYTES)
+    # s_under_dk (the next query tile's S^T queued behind this tile's dK) on D = 128's
+    # unmasked dense tiles. Two round-robin runs on an H100, TFLOP/s, table / s_under_dk
+    # (tune_bwd_sdk_s54_h100.json, tune_bwd_sdk_b_s54_h100.json; same gradients): 16k 607.4 /
+    # 626.5 and 611.4 / 623.0, 8k 580.5 / 590.4, 4k 571.9 / 579.9 and 540.3 / 548.7, 1k 436.0 /
+    # 440.9 and 425.2 / 429.3, GQA 32/8 4 x 4k (group_heads) 552.7 / 560.6. Not where it lost
+    # or tied: D=128 causal 4k 493.3 / 490.2, 16k 612.3 / 604.8, 2k (short rows) 406.3 /
+    # 403.7, GQA causal 485.4 / 482.6; deterministic 4k causal 469.8 / 458.5; D=96 4k 513.0 /
+    # 510.2, 16k 550.9 / 545.0, causal within 0.5%; D=64 4k 508.2 / 506.4, 16k 537.7 / 535.5
+    # (at D=64 causal ptxas serializes its wgmmas). Windows, softcap and packed sequences
+    # were not measured.
+    if head_dim == 128 and not (causal or local or softcap or deterministic or varlen):
+        cfg = dataclasses.replace(cfg, s_under_dk=True)
     return cfg
 
 
