@@ -181,12 +181,12 @@ def _variant_problems(head_dims, dtypes, heads):
     fwd = [(f, "", {}) for f in FEATURES] + [(feature_row(kw), lbl, kw) for lbl, kw in FWD_INPUTS]
     # packed sequences (cu_seqlens_q / cu_seqlens_k) specialize the backward too, and so does
     # group_heads (GQA grids of 3/4 of a wave or more: unmasked, or causal with L2 sections;
-    # built where the rule can take it), and the short causal bucket (bwd_short_rows)
+    # built where the rule can take it), and the short-rows buckets (bwd_short_rows)
     bwd = [(f, "", {}) for f in BWD_FEATURES] + [
         (causal, "varlen", {"varlen": True}), (plain, "group_heads", {"group_heads": True}),
         (causal, "group_heads", {"group_heads": True}),
         (causal, "varlen group_heads", {"varlen": True, "group_heads": True}),
-        (causal, "short", {"short": True}),
+        (causal, "short", {"short": True}), (plain, "short", {"short": True}),
     ]  # fmt: skip
     kinds = (("sm90_fwd", SUPPORTED_HEAD_DIMS, fwd), ("sm90_bwd", BWD_HEAD_DIMS, bwd))
     for kind, table, variants in kinds:

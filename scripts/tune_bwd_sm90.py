@@ -51,8 +51,10 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d96-4k": (4, 4096, 21, 96, False),
     "d96-4k-causal": (4, 4096, 21, 96, True),
     "d96-1k": (16, 1024, 21, 96, False),
+    "d96-2k": (8, 2048, 21, 96, False),
     "d96-1k-causal": (16, 1024, 21, 96, True),
     "d96-2k-causal": (8, 2048, 21, 96, True),
+    "d96-8k-causal": (2, 8192, 21, 96, True),
     # the wide (dkv_swap_ab) tiles: D=256 as in the bwd preset (8 heads), D=192 as in the full
     # preset (10 heads; its own 64 x 96 tiles)
     "d256-16k": (1, 16384, 8, 256, False),

@@ -146,9 +146,9 @@ def test_bwd_group_heads_lse_gradient(grouped_heads):
     assert [key.group_heads for key in grouped_heads] == [True]
 
 
-# dense causal calls of at most 2k query rows at D = 96 / 128 run 64-row tiles
-# (tile_config.bwd_short_rows); "table" forces the taller tiles longer calls run onto the
-# same shapes, so both kernels see the diagonal, residual tiles and odd lengths
+# dense causal calls of at most 2k query rows at D = 128 (8k at D = 96) run 64-row tiles
+# with s_under_dk (tile_config.bwd_short_rows); "table" forces the taller tiles longer calls
+# run onto the same shapes, so both kernels see the diagonal, residual tiles and odd lengths
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", ["auto", "table"])
 @pytest.mark.parametrize("d", [96, 128])
@@ -162,9 +162,27 @@ def test_bwd_causal_short_rows(monkeypatch, built_bwd_keys, rows, d, sq, sk):
     if rows == "table":
         monkeypatch.setattr(host, "bwd_short_rows", lambda *_: False)
     _check(*_inputs(sweep_batch(sq, sk), sq, sk, 6, 2, d, d, torch.bfloat16), causal=True)
-    taller = {96: 96, 128: 80}[d]
-    want = 64 if rows == "auto" and sq <= 2048 else taller
+    taller, limit = {96: (96, 8192), 128: (80, 2048)}[d]
+    want = 64 if rows == "auto" and sq <= limit else taller
     assert [BwdTileConfig(*key.tile).tile_m for key in built_bwd_keys] == [want]
+    assert [BwdTileConfig(*key.tile).s_under_dk for key in built_bwd_keys] == [want == 64]
+
+
+# unmasked calls of at most 1k query rows at D = 96 run the same 64-row tiles; the last
+# shape is one row past the bucket
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ["auto", "table"])
+@pytest.mark.parametrize("sq,sk", [(113, 203), (777, 1333), (1024, 1024), (1025, 999)])
+def test_bwd_unmasked_short_rows_d96(monkeypatch, built_bwd_keys, rows, sq, sk):
+    import cute_attn.bwd_sm90 as host
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    if rows == "table":
+        monkeypatch.setattr(host, "bwd_short_rows", lambda *_: False)
+    _check(*_inputs(sweep_batch(sq, sk), sq, sk, 6, 2, 96, 96, torch.bfloat16))
+    want = 64 if rows == "auto" and sq <= 1024 else 96
+    assert [BwdTileConfig(*key.tile).tile_m for key in built_bwd_keys] == [want]
+    assert [BwdTileConfig(*key.tile).s_under_dk for key in built_bwd_keys] == [want == 64]
 
 
 # L2 sections (the causal table's launch order): a budget of three (head, batch) pairs makes
@@ -488,6 +506,48 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
     assert d96["shapes"] == {"64x96x16": 24, "64x96x16 tnspA": 8}, r
     assert d96["wg_handoff"] and not d96["joint_handoff"] and d96["reduces"] > 0, r
     assert d96["flat"] and d96["sts128"] == 12, r
+
+
+_S_UNDER_DK_SNIPPET = r"""
+import json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+for name, group in (("dense", False), ("group", True)):
+    cfg = bwd_tile_config(128, 128, False, False, group_heads=group)
+    spec = BwdSpec("bfloat16", 128, 128, 8, 2 if group else 8, False, False, False, cfg)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    shapes = {}
+    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
+        key = shape + (" tnspA" if "tnspA" in rest else "")
+        shapes[key] = shapes.get(key, 0) + 1
+    out[name] = {"sass": bool(sass), "on": cfg.s_under_dk, "tile_m": cfg.tile_m,
+                 "spills": sass.count("STL") + sass.count("LDL"), "shapes": shapes,
+                 "waits": len(re.findall(r"WARPGROUP\.DEPBAR", sass))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
+    # D=128 unmasked (the table's s_under_dk): S^T = K Q^T is issued twice in the code, once
+    # before the loop and once at the end of each query tile (behind its dK), and ptxas keeps
+    # the wgmmas asynchronous: a handful of waits, not one after every wgmma (42 here when it
+    # serialized them, for want of registers or over the loop's exit), and no spills
+    r = run_json_snippet(_S_UNDER_DK_SNIPPET, tmp_path, timeout=900)
+    if not r["dense"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for name, rows in (("dense", 80), ("group", 64)):
+        v = r[name]
+        assert v["on"] and v["tile_m"] == rows and v["spills"] == 0, r
+        n = str(rows)
+        # per k-step of 16: S^T twice and dP^T over D = 128 (8 each), dQ^T over the 128 keys
+        # (8, transposed A); dV and dK over the query rows (rows / 16 each)
+        assert v["shapes"] == {f"64x{n}x16": 24, f"64x{n}x16 tnspA": 8,
+                               "64x128x16": rows // 8}, r  # fmt: skip
+        assert v["waits"] <= 6, r
 
 
 _WIDE_SNIPPET = r"""

@@ -10,6 +10,8 @@ import pytest
 from cute_attn.arch.common.features import InputFeatures
 from cute_attn.arch.sm90.tile_config import (
     BWD_SHORT_ROWS_MAX_SEQLEN,
+    BWD_SHORT_ROWS_MAX_SEQLEN_D96,
+    BWD_SHORT_ROWS_MAX_SEQLEN_D96_UNMASKED,
     PACK_GQA_TIMED_SEQLEN_Q,
     SUPPORTED_HEAD_DIMS,
     FwdTileConfig,
@@ -542,6 +544,33 @@ def test_bwd_split_mask_loops_where_measured():
     assert not bwd_tile_config(64, 64, False, True).split_mask_loops
 
 
+def test_bwd_s_under_dk_where_measured():
+    # the next tile's S^T behind this tile's dK: on for D=128's unmasked dense tiles, 80 rows
+    # and group_heads' 64 (+1.0-1.9%, tune_bwd_sdk_*_s54_h100.json), and on the short-rows
+    # tiles; off on the taller tiles under the causal mask and in the deterministic order
+    # (where it lost), at D=64 / 96's own tiles (even or behind), and for windows, softcap and
+    # packed sequences (not measured)
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
+
+    assert bwd_tile_config(128, 128, False, False).s_under_dk
+    assert bwd_tile_config(128, 128, False, False, group_heads=True).s_under_dk
+    # and the short-rows tiles (bwd_short_rows)
+    for d, causal in ((96, True), (96, False), (128, True)):
+        assert bwd_tile_config(d, d, causal, False, short=True).s_under_dk
+    for kw in (dict(causal=True), dict(local=True), dict(softcap=True),
+               dict(deterministic=True), dict(varlen=True)):  # fmt: skip
+        flags = dict(causal=False, local=False) | kw
+        assert not bwd_tile_config(128, 128, **flags).s_under_dk, kw
+    for d, dv in ((64, 64), (96, 96), (192, 192), (192, 128), (256, 256)):
+        for causal in (False, True):
+            assert not bwd_tile_config(d, dv, causal, False).s_under_dk
+    # built for the dK / dV register tiles walked in one loop
+    with pytest.raises(ValueError, match="s_under_dk"):
+        BwdTileConfig(tile_n=64, dkv_swap_ab=True, do_stages=1, s_under_dk=True)
+    with pytest.raises(ValueError, match="s_under_dk"):
+        BwdTileConfig(tile_m=128, split_mask_loops=True, s_under_dk=True)
+
+
 def test_bwd_dq_staging_where_measured():
     # D=96 / 128: 80 query rows (96 at D=96) with dQ^T = K^T dS^T, whose 32-bit staging
     # stores are conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
@@ -634,7 +663,10 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
         cfg = bwd_tile_config(96, 96, causal, local, deterministic=det)
         d128 = bwd_tile_config(128, 128, causal, local, deterministic=det)
         assert (cfg.padded_head_dim, cfg.dq_head_dim, cfg.tile_m) == (0, 128, 96)
-        assert dataclasses.replace(cfg, dq_head_dim=0, tile_m=80) == d128
+        # D=128's unmasked dense tile alone takes s_under_dk (test_bwd_s_under_dk_where_measured)
+        assert (
+            dataclasses.replace(cfg, dq_head_dim=0, tile_m=80, s_under_dk=d128.s_under_dk) == d128
+        )
         assert cfg.tile_head_dims(96, 96) == (96, 96)
         assert cfg.dq_tile_head_dim(96) == 128
         assert cfg.smem_bytes(96, 96) <= SMEM_BYTES_SM90
@@ -774,27 +806,35 @@ def test_bwd_group_heads_rule():
 
 
 def test_bwd_short_rows_rule_and_tiles():
-    # dense causal problems of at most 2k query rows at D = 96 / 128 take 64 query rows
-    # (+2.4-3.9% at 1k-2k, tune_bwd_short_rows_h200.json); longer, unmasked, windowed,
-    # deterministic, packed and grouped calls keep the table's tile
+    # dense causal problems of at most 2k query rows at D = 128 and 8k at D = 96, and unmasked
+    # ones of at most 1k at D = 96, take 64 query rows with s_under_dk (+0.3-4.8% at 1k-2k,
+    # +3.6% at D=96 4k causal, tune_bwd_sdk_*_s54_h100.json); longer, windowed, deterministic,
+    # packed and grouped calls keep the table's tile
     def rule(d=128, causal=True, local=False, det=False, varlen=False, group=False, sq=1024):
         return bwd_short_rows(d, causal, local, det, varlen, group, sq)
 
     assert BWD_SHORT_ROWS_MAX_SEQLEN == 2048
+    assert BWD_SHORT_ROWS_MAX_SEQLEN_D96 == 8192
+    assert BWD_SHORT_ROWS_MAX_SEQLEN_D96_UNMASKED == 1024
     assert rule() and rule(d=96) and rule(sq=2048) and rule(sq=1)
-    assert not rule(sq=2049) and not rule(causal=False) and not rule(local=True)
+    assert not rule(sq=2049) and rule(d=96, sq=8192) and not rule(d=96, sq=8193)
+    assert rule(d=96, causal=False, sq=1024) and not rule(d=96, causal=False, sq=1025)
+    assert not rule(causal=False, sq=1) and not rule(local=True) and not rule(d=96, local=True)
     assert not rule(det=True) and not rule(varlen=True) and not rule(group=True)
-    assert not any(rule(d=d) for d in (64, 192, 256))
-    for d, long_rows in ((96, 96), (128, 80)):
-        base = bwd_tile_config(d, d, True, False)
-        short = bwd_tile_config(d, d, True, False, short=True)
-        assert (base.tile_m, short.tile_m) == (long_rows, 64)
-        # the same kernel on fewer rows, with the swizzled dQ staging (dq_flat lost at 64 rows)
-        assert base.dq_flat and not short.dq_flat
-        assert short == dataclasses.replace(base, tile_m=64, dq_flat=False)
-        # softcap's tile has 64 rows already: the bucket changes nothing there
-        sc = bwd_tile_config(d, d, True, False, softcap=True)
-        assert bwd_tile_config(d, d, True, False, softcap=True, short=True) == sc
+    assert not rule(d=96, causal=False, det=True) and not rule(d=96, causal=False, varlen=True)
+    assert not any(rule(d=d, causal=c) for d in (64, 192, 256) for c in (False, True))
+    for causal in (True, False):
+        for d, long_rows in ((96, 96), (128, 80)):
+            base = bwd_tile_config(d, d, causal, False)
+            short = bwd_tile_config(d, d, causal, False, short=True)
+            assert (base.tile_m, short.tile_m) == (long_rows, 64)
+            # the same kernel on fewer rows, with the swizzled dQ staging (dq_flat lost at 64
+            # rows) and the next tile's S^T behind dK
+            assert base.dq_flat and not short.dq_flat and short.s_under_dk
+            assert short == dataclasses.replace(base, tile_m=64, dq_flat=False, s_under_dk=True)
+            # softcap's tile has 64 rows already: the bucket changes nothing there
+            sc = bwd_tile_config(d, d, causal, False, softcap=True)
+            assert bwd_tile_config(d, d, causal, False, softcap=True, short=True) == sc
 
 
 def test_bwd_l2_sections_where_measured():

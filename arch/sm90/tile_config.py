@@ -938,8 +938,11 @@ BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 2
 # runs grouped (bwd_group_heads)
 BWD_L2_SECTION_BYTES = 32 * 1024 * 1024
 BWD_GROUP_MAX_MASKED = 4
-# the longest dense causal query length that takes the short-rows tiles (bwd_short_rows)
+# the longest dense query lengths that take the short-rows tiles (bwd_short_rows): causal at
+# D = 128, causal at D = 96, unmasked at D = 96
 BWD_SHORT_ROWS_MAX_SEQLEN = 2048
+BWD_SHORT_ROWS_MAX_SEQLEN_D96 = 8192
+BWD_SHORT_ROWS_MAX_SEQLEN_D96_UNMASKED = 1024
 
 
 def bwd_short_rows(
@@ -952,20 +955,39 @@ def bwd_short_rows(
     seqlen_q: int,
 ) -> bool:
     """Whether a backward call takes 64 query rows where the table's tile has more (D = 96:
-    96, D = 128: 80; both dQ^T = K^T dS^T): dense causal problems of at most
-    BWD_SHORT_ROWS_MAX_SEQLEN query rows. There the causal diagonal and the last, partly
-    filled query tile are a larger share of each CTA's walk, and the shorter tile wastes less
-    of both. Round-robin on the H200, TFLOP/s, the table's rows / 64 rows
+    96, D = 128: 80; both dQ^T = K^T dS^T), with s_under_dk (bwd_tile_config): dense causal
+    problems of at most BWD_SHORT_ROWS_MAX_SEQLEN query rows at D = 128 and
+    BWD_SHORT_ROWS_MAX_SEQLEN_D96 at D = 96, and unmasked ones of at most
+    BWD_SHORT_ROWS_MAX_SEQLEN_D96_UNMASKED at D = 96. There the causal diagonal and the last,
+    partly filled query tile are a larger share of each CTA's walk, and the shorter tile wastes
+    less of both; its smaller GEMMs leave the tensor cores idle longer while a warpgroup stages
+    dQ^T, which s_under_dk fills with the next S^T.
+
+    First without s_under_dk: round-robin on the H200, TFLOP/s, the table's rows / 64 rows
     (tune_bwd_short_rows_h200.json, bf16, 2048 model dims): D=96 1k causal 298.6 / 310.3, 2k
     causal 379.3 / 389.8; D=128 1k causal 346.2 / 354.4, 2k causal 463.9 / 470.0; same
-    gradients (err columns). Not where 64 rows lose or tie: D=96 4k causal 456.5 / 449.5,
-    D=128 4k causal 509.0 / 510.8, D=96 1k unmasked 408.4 / 399.6 (same file). The
+    gradients (err columns). Not where 64 rows lost or tied: D=96 4k causal 456.5 / 449.5,
+    D=128 4k causal 509.0 / 510.8, D=96 1k unmasked 408.4 / 399.6 (same file).
+
+    With s_under_dk on the 64 rows, round-robin on an H100, TFLOP/s, the table's rows / 64
+    rows / 64 rows with s_under_dk (tune_bwd_sdk_short_b_s54_h100.json,
+    tune_bwd_sdk_rows_s54_h100.json, tune_bwd_sdk_short_s54_h100.json,
+    tune_bwd_sdk_m64_s54_h100.json; same gradients): D=96 causal 1k 237.1 / 279.3 / 285.0, 2k
+    346.3 / 367.7 / 385.5, 4k 445.3 / 434.4 / 462.0 (and 430.9 / - / 446.3), 8k 493.5 / 464.7 /
+    498.2 (and 480.3 / - / 484.7), but 16k 537.3 / 487.5 / 533.0; D=128 causal 1k 305.3 /
+    311.6 / 312.5, 2k 413.0 / 414.0 / 417.5, 4k 495.9 / 492.0 / 499.2 (+0.7%: left at 80
+    rows), 16k 615.6 / 582.0 / 598.1; D=96 unmasked 1k 378.8 / 389.9 / 396.8, 2k 457.0 / 446.7
+    / 459.8 (+0.6%: left at 96 rows), 4k 514.4 / - / 498.9, 16k 555.3 / - / 524.0; D=128
+    unmasked (80 rows with s_under_dk) 4k 573.6 / - / 563.3, 16k 621.1 / - / 601.6. The
     deterministic order, windows, group_heads (already 64 rows at D=128) and packed sequences
     (whose longest sequence would pick it for all) were not measured: they keep the table's
     tile."""
-    if head_dim not in (96, 128) or not causal or local or deterministic:
+    if head_dim not in (96, 128) or local or deterministic or varlen or group_heads:
         return False
-    return not varlen and not group_heads and seqlen_q <= BWD_SHORT_ROWS_MAX_SEQLEN
+    if not causal:
+        return head_dim == 96 and seqlen_q <= BWD_SHORT_ROWS_MAX_SEQLEN_D96_UNMASKED
+    limit = BWD_SHORT_ROWS_MAX_SEQLEN_D96 if head_dim == 96 else BWD_SHORT_ROWS_MAX_SEQLEN
+    return seqlen_q <= limit
 
 
 def bwd_group_heads(
@@ -1053,7 +1075,10 @@ def bwd_tile_config(
     # 510.2, 16k 550.9 / 545.0, causal within 0.5%; D=64 4k 508.2 / 506.4, 16k 537.7 / 535.5
     # (at D=64 causal ptxas serializes its wgmmas). Windows, softcap and packed sequences
     # were not measured.
-    if head_dim == 128 and not (causal or local or softcap or deterministic or varlen):
+    # The short-rows tiles (bwd_short_rows, its measurements) take it too.
+    if not (local or softcap or deterministic or varlen) and (
+        short or (head_dim == 128 and not causal)
+    ):
         cfg = dataclasses.replace(cfg, s_under_dk=True)
     return cfg
 
