@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `fwd_rest`: the forward
-# GPU tests outside the sweep on an H200 from test FWD_REST_FROM (default 77: the
-# fifty-second session's H200 passed the first 76; all of them passed on an H100 in the
-# forty-ninth session; the whole forward sweep has passed on H200s, cases 1-340 in the
-# forty-eighth session and 341-480 in the fifty-second, with the same kernel source). The
-# backward sweep passed whole on an H100 in the fifty-third session (479 passed, its one
-# strict xfail), and the backward GPU tests outside it on H100s (`bwd_rest`, `bwd_tail`:
-# forty-ninth and fiftieth sessions).
+# installed there), by steps; the default is what is still pending, `sdk_ab`: the fifty-fourth
+# session measured BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so
+# their A/B (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
+# (`bwd_sweep`, `bwd_rest`) are owed on an H200. The forward sweep has passed whole on H200s
+# (forty-eighth and fifty-second sessions) and the other forward GPU tests on H100s (`fwd_rest`
+# from 77 still owed on an H200); the backward sweep passed whole on an H100 in the
+# fifty-third session (479 passed, its one strict xfail).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
 #   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
-#               issued before the wait for this tile's dK) against the table, D = 64 / 96 /
-#               128 unmasked and causal (D = 64 causal excluded: ptxas serializes its wgmmas
-#               there), and in the deterministic order
+#               issued before the wait for this tile's dK) off / on, on the taller tiles
+#               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
+#               and causal (D = 64 causal excluded: ptxas serializes its wgmmas there), and
+#               in the deterministic order
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -106,10 +106,11 @@ for step in "${steps[@]}"; do
     sdk_ab)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k,d128-16k,d128-4k-causal,d128-16k-causal,d96-4k,d96-4k-causal,d96-16k-causal,d128-1k,d128-2k-causal,gqa-d128-4k-causal,d64-4k,d64-16k \
-          --variant base= --variant sdk=s_under_dk=True \
+          --variant off=s_under_dk=False --variant sdk=s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_$gpu.json" > "$OUT/tune_bwd_sdk.log" 2>&1
       timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 --shapes d128-4k-causal,d96-4k \
-          --variant det=deterministic=1 --variant det_sdk=deterministic=1,s_under_dk=True \
+          --variant det=deterministic=1,s_under_dk=False \
+          --variant det_sdk=deterministic=1,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
     sdk_rows)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \

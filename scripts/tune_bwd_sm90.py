@@ -172,7 +172,7 @@ class Packed:
 
 def variant_key(p, overrides: dict, group: bool = False):
     # the table's tile without the run-time buckets (group_heads unless asked, and never the
-    # short causal rows: `tile_m=64` is that variant)
+    # short rows: `tile_m=64,dq_flat=False,s_under_dk=True` is that variant)
     key = bwd_key(p, group_heads=group)
     cfg = dataclasses.replace(BwdTileConfig(*key.tile), **overrides)
     return dataclasses.replace(key, tile=dataclasses.astuple(cfg)), cfg

@@ -29,7 +29,9 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     postprocess puts back in order); the others through the transpose of a swizzled (row,
     dim) buffer (32-bit stores);
     masks as in the forward (only on tiles that cross a boundary); query tiles no key of the
-    tile can see are never visited;
+    tile can see are never visited. With BwdTileConfig.s_under_dk (D = 128 unmasked, the
+    short-rows 64-row tiles) the next query tile's S^T is issued once dQ^T is staged, behind
+    this tile's dK, and dQ^T accumulates in the S^T registers;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
     TMA (rows past seqlen_k clipped). A key tile no query sees stores zeros.
   * deterministic (compile-time switch): the dQ writer of key tile n adds its partial of query

@@ -1075,9 +1075,10 @@ def bwd_tile_config(
     # 510.2, 16k 550.9 / 545.0, causal within 0.5%; D=64 4k 508.2 / 506.4, 16k 537.7 / 535.5
     # (at D=64 causal ptxas serializes its wgmmas). Windows, softcap and packed sequences
     # were not measured.
-    # The short-rows tiles (bwd_short_rows, its measurements) take it too.
+    # The short-rows tiles (bwd_short_rows, its measurements) take it too; short=True
+    # changes nothing past D = 96 / 128, where bwd_short_rows never sets it.
     if not (local or softcap or deterministic or varlen) and (
-        short or (head_dim == 128 and not causal)
+        (short and head_dim in (96, 128)) or (head_dim == 128 and not causal)
     ):
         cfg = dataclasses.replace(cfg, s_under_dk=True)
     return cfg
