@@ -818,8 +818,9 @@ class BwdTileConfig:
     dq_wg_handoff: bool = False
     # issue the next query tile's S^T = K Q^T right after this tile's dQ^T is staged, before
     # the wait for this tile's dK, so the tensor cores have it queued behind dK while the
-    # warpgroup stages dQ^T and loops (FA4 waits for dK first). The S^T accumulator stays
-    # live across the loop's back edge; dK / dV tiles only (not dkv_swap_ab)
+    # warpgroup stages dQ^T and loops (FA4 waits for dK first). The S^T accumulator lives
+    # across the loop's back edge and dQ^T accumulates in it (FlashBwdSm90.mma); built for
+    # the dK / dV register tiles walked in one loop (not dkv_swap_ab, not split_mask_loops)
     s_under_dk: bool = False
 
     def __post_init__(self):
