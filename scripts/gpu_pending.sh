@@ -28,6 +28,9 @@
 #   bwd_l2      the same script under the causal mask at D = 96 / 128: L2 sections off, of
 #               half and twice BWD_L2_SECTION_BYTES, and (D = 96) 80 query rows; at D = 128
 #               m80 is the table's tile again, a measure of the noise
+#   bwd_touched the backward GPU tests s_under_dk and the short-rows bucket touch (262: the
+#               sweep's unmasked cases, its causal ones at D <= 128, short rows, group_heads,
+#               lse gradient, CUDA graphs, torch.compile), under a 560 s limit
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -126,6 +129,17 @@ for step in "${steps[@]}"; do
           --variant l2x2=l2_section_bytes=67108864 --variant l2half=l2_section_bytes=16777216 \
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
+    bwd_touched)
+      # the backward tests s_under_dk and the short-rows bucket touch: the sweep's unmasked
+      # cases and its causal ones at D <= 128, short rows, group_heads, lse gradient, CUDA
+      # graphs, torch.compile
+      ids=$( (python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider \
+          tests/test_bwd_sm90.py -k "short_rows or group_heads or lse or cuda_graph or \
+          torch_compile or s_under_dk or (sweep and full)" 2>/dev/null | grep "::"
+        python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/test_bwd_sm90.py \
+          -k "sweep and causal" 2>/dev/null | grep "::" | awk -F'-' '$4 <= 128') )
+      # shellcheck disable=SC2086  # one test id a word
+      [ -n "$ids" ] && gpu_tests 560 gpu_tests_bwd_touched.log -vv $ids ;;
     bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
@@ -189,6 +203,7 @@ for step in "${steps[@]}"; do
     bwd_sweep) tail -8 "$OUT/gpu_tests_bwd_sweep.log" ;;
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
+    bwd_touched) tail -8 "$OUT/gpu_tests_bwd_touched.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;
