@@ -155,50 +155,6 @@ class BwdRoles:
         return 128 + 32  # one consumer warpgroup and the dQ writer warp
 
 
-@dataclasses.dataclass(frozen=True)
-class _TileOperands:
-    """What the main loop's per-tile helpers (FlashBwdSm90._scores, _grads) read: the MMAs,
-    their operand fragments and partitions, the dK / dV accumulators, this warpgroup's dQ
-    hand-off, the mask and the scales. Built once per CTA at trace time."""
-
-    tiled_mma_sdp: object
-    tiled_mma_dk: object
-    tiled_mma_dv: object
-    tiled_mma_dq: object
-    tSrK: object
-    tSrQ: object
-    tdPrV: object
-    tdPrdO: object
-    tdQrKt: object
-    tdQrdS: object
-    tdVrdOt: object
-    tdVrP: object
-    tdKrQt: object
-    tdKrdS: object
-    thr_sdp: object
-    tScS: object
-    store_ds_atom: object
-    thr_store_ds: object
-    tdSsdS: object
-    tPsP: object
-    tdQsdQ: object
-    sLSE_st: object
-    sDsum_st: object
-    acc_shape_st: object
-    acc_shape_dq: object
-    acc_dk: object
-    acc_dv: object
-    wg: object
-    bar_dq_full: object
-    bar_dq_empty: object
-    dq_threads: object
-    dq_buf: object
-    mask: object
-    n_block: object
-    scale_log2: object
-    score_premul: object
-
-
 class FlashBwdSm90:
     def __init__(
         self,
@@ -1043,77 +999,140 @@ class FlashBwdSm90:
                 segments = [(True, m_min, free_lo), (False, free_lo, free_hi)]
                 if cutlass.const_expr(mask.has_left):
                     segments.append((True, free_hi, m_max))
-            # what the per-tile helpers (_scores, _grads) read
-            ops = _TileOperands(
-                tiled_mma_sdp=tiled_mma_sdp, tiled_mma_dk=tiled_mma_dk,
-                tiled_mma_dv=tiled_mma_dv, tiled_mma_dq=tiled_mma_dq, tSrK=tSrK, tSrQ=tSrQ,
-                tdPrV=tdPrV, tdPrdO=tdPrdO, tdQrKt=tdQrKt, tdQrdS=tdQrdS, tdVrdOt=tdVrdOt,
-                tdVrP=tdVrP if cutlass.const_expr(self.swap_dkv) else None, tdKrQt=tdKrQt,
-                tdKrdS=tdKrdS if cutlass.const_expr(self.swap_dkv) else None,
-                thr_sdp=thr_sdp, tScS=tScS, store_ds_atom=store_ds_atom,
-                thr_store_ds=thr_store_ds, tdSsdS=tdSsdS, tPsP=tPsP, tdQsdQ=tdQsdQ,
-                sLSE_st=sLSE_st, sDsum_st=sDsum_st, acc_shape_st=acc_shape_st,
-                acc_shape_dq=acc_shape_dq, acc_dk=acc_dk, acc_dv=acc_dv, wg=wg,
-                bar_dq_full=bar_dq_full, bar_dq_empty=bar_dq_empty, dq_threads=dq_threads,
-                dq_buf=dq_buf, mask=mask, n_block=n_block, scale_log2=softmax_scale_log2,
-                score_premul=score_premul,
-            )  # fmt: skip
-            if cutlass.const_expr(self.config.s_under_dk and self.config.sdk_form > 0):
-                # Software-pipelined by half a tile: an iteration finishes query tile i (dS,
-                # dV, dQ^T, dK) and, once dQ^T is staged, issues tile i + 1's S^T behind dK,
-                # waits for dK, issues its dP^T and runs its softmax up to the wait for dP^T.
-                # So no wgmma is in flight where the loop branches back or exits: with the
-                # next S^T still in flight there, ptxas drained it in the loop's latch every
-                # iteration, before the next dP^T could queue behind it (the fifty-fourth
-                # session's form). dQ^T accumulates in the S^T registers (dead once P^T is
-                # formed; the next S^T overwrites them once dQ^T is staged): a wgmma reads its
-                # accumulator even when it zero-fills it, so a separate S^T accumulator would
-                # stay live through dQ^T and dK and ptxas would serialize every wgmma for want
-                # of registers. A group_heads CTA walks its query heads' tiles in one run.
-                acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
-                acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
-                n_tiles = (m_max - m_min) * self.heads_per_cta
-                m_block = m_min
+            s_ahead = self.config.s_under_dk
+            if cutlass.const_expr(s_ahead):
+                # the S^T accumulator lives across iterations; the first tile's S^T is issued
+                # here, each next one at the end of the tile before it. tiles_left: the query
+                # tiles after the current one (a group_heads CTA walks them for each head)
+                acc_s_ahead = cute.make_rmem_tensor(acc_shape_st, Float32)
+                tiles_left = (m_max - m_min) * self.heads_per_cta
                 pipe_q.consumer_wait(state)
-                self._issue_s(tiled_mma_sdp, acc_s, tSrK, tSrQ, state.index)
-                self._scores(
-                    ops, acc_s, acc_dp, pipe_do, state_do, m_block, state.index, True, True
-                )
-                for i in cutlass.range(n_tiles, unroll=1):
-                    self._grads(ops, acc_s, acc_dp, pipe_do, state_do, state.index, True)
-                    m_next = m_block + 1
-                    if cutlass.const_expr(self.heads_per_cta > 1):
-                        if m_next == m_max:
-                            m_next = m_min  # the next query head's first tile
-                    if i + 1 < n_tiles:
-                        state_next = state.clone()
-                        state_next.advance()
-                        pipe_q.consumer_wait(state_next)
-                        self._issue_s(tiled_mma_sdp, acc_s, tSrK, tSrQ, state_next.index)
-                        if cutlass.const_expr(self.config.sdk_form == 1):
-                            warpgroup.wait_group(1)  # dK done: Q (and this dS stage) are free
-                            pipe_q.consumer_release(state)
-                            if cutlass.const_expr(single_ds):
-                                cute.arch.barrier_arrive(
-                                    barrier_id=roles.bar_ds_free + 1 - wg,
-                                    number_of_threads=roles.num_mma_threads,
-                                )
-                            state.advance()
-                            state_do.advance()
-                            self._scores(
-                                ops, acc_s, acc_dp, pipe_do, state_do, m_next, state.index, True,
-                                True,
+                self._issue_s(tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state.index)
+            # GQA with group_heads: the query heads of the KV head in turn, one pipeline
+            # run across them (dK / dV keep accumulating)
+            for _g in cutlass.range(self.heads_per_cta, unroll=1):
+                for seg in cutlass.range_constexpr(len(segments)):
+                    test_mask, m_lo, m_hi = segments[seg]
+                    for m_block in cutlass.range(m_lo, m_hi, unroll=1):
+                        stage, stage_do = state.index, state_do.index
+                        ds_stage = 0 if cutlass.const_expr(single_ds) else stage
+                        if cutlass.const_expr(s_ahead):
+                            tiles_left -= 1
+                        # ---- S^T = K Q^T, dP^T = V dO^T (lse / D arrived in smem with Q / dO)
+                        acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
+                        if cutlass.const_expr(s_ahead):
+                            acc_s = acc_s_ahead
+                        else:
+                            acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
+                            pipe_q.consumer_wait(state)
+                            self._issue_s(tiled_mma_sdp, acc_s, tSrK, tSrQ, stage)
+                        # this thread's query columns of lse_log2 / D, read from smem where used
+                        # (loading lse into registers here, before the GEMMs, measured no faster:
+                        # tune_bwd_lse_dq2_h200.json)
+                        t_lse = self._query_stat(thr_sdp.partition_C(sLSE_st[None, None, stage]))
+                        pipe_do.consumer_wait(state_do)
+                        a_dp, b_dp = tdPrV, tdPrdO[None, None, None, stage_do]
+                        if cutlass.const_expr(not self.swap_sdp):
+                            a_dp, b_dp = b_dp, a_dp
+                        gemm(
+                            tiled_mma_sdp, acc_dp, a_dp, b_dp, True,
+                            k_blocks=self.head_dim_v // 16,
+                        )  # fmt: skip
+                        warpgroup.wait_group(1)
+                        # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
+                        if cutlass.const_expr(self.has_softcap):
+                            apply_softcap(acc_s, score_premul)
+                        if cutlass.const_expr(test_mask):
+                            if mask.tile_needs_mask(m_block, n_block):
+                                mask.apply(acc_s, tScS, m_block, n_block, transposed=self.swap_sdp)
+                        t_dsum = self._query_stat(
+                            thr_sdp.partition_C(sDsum_st[None, None, stage_do])
+                        )
+                        r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
+                        r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
+                        r_ds.store(acc_dp.load().to(self.dtype))
+                        r_ds_st = thr_store_ds.retile(r_ds)
+                        if cutlass.const_expr(single_ds):
+                            cute.arch.barrier(
+                                barrier_id=roles.bar_ds_free + wg,
+                                number_of_threads=roles.num_mma_threads,
+                            )
+                        cute.copy(store_ds_atom, r_ds_st, tdSsdS[None, None, None, ds_stage])
+                        if cutlass.const_expr(self.swap_dkv):
+                            # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
+                            cute.copy(
+                                store_ds_atom,
+                                thr_store_ds.retile(r_p),
+                                tPsP[None, None, None, stage_do],
+                            )
+                        else:
+                            # ---- dV += P^T dO (overlaps the dS exchange below)
+                            gemm(
+                                tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
+                                tdVrdOt[None, None, None, stage_do], False,
+                            )  # fmt: skip
+                        # dS written by both warpgroups must be visible to the async proxy (wgmma)
+                        cute.arch.fence_view_async_shared()
+                        cute.arch.barrier(
+                            barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads
+                        )
+                        if cutlass.const_expr(self.swap_dkv):
+                            # ---- dV^T += dO^T P
+                            gemm(
+                                tiled_mma_dv, acc_dv, tdVrdOt[None, None, None, stage_do],
+                                tdVrP[None, None, None, stage_do], False,
+                            )  # fmt: skip
+                        # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
+                        if cutlass.const_expr(s_ahead):
+                            # dQ^T accumulates in the S^T registers (dead once dS is formed;
+                            # the next S^T overwrites them once dQ^T is staged): a wgmma reads
+                            # its accumulator even when it zero-fills it, so a separate S^T
+                            # accumulator would stay live through dQ^T and dK (ptxas then
+                            # serializes every wgmma for want of registers)
+                            acc_dq = cute.make_tensor(
+                                acc_s_ahead.iterator, cute.make_layout(acc_shape_dq)
+                            )
+                        else:
+                            acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
+                        r_dqs = tdQrdS[None, None, None, ds_stage]
+                        if cutlass.const_expr(self.swap_dq):
+                            gemm(tiled_mma_dq, acc_dq, tdQrKt, r_dqs, True)  # dQ^T = K^T dS^T
+                        else:
+                            gemm(tiled_mma_dq, acc_dq, r_dqs, tdQrKt, True)
+                        if cutlass.const_expr(self.swap_dkv):
+                            gemm(
+                                tiled_mma_dk, acc_dk, tdKrQt[None, None, None, stage],
+                                tdKrdS[None, None, None, ds_stage], False,
                             )  # fmt: skip
                         else:
-                            state_prev = state.clone()
-                            state.advance()
-                            state_do.advance()
-                            self._scores(
-                                ops, acc_s, acc_dp, pipe_do, state_do, m_next, state.index, True,
-                                True, True, pipe_q, state_prev,
+                            # dS^T's registers, as dK's A operand
+                            gemm(
+                                tiled_mma_dk, acc_dk, acc_as_operand_a(r_ds),
+                                tdKrQt[None, None, None, stage], False,
                             )  # fmt: skip
-                    else:
-                        warpgroup.wait_group(0)
+                        warpgroup.wait_group(1)  # dV and dQ done
+                        pipe_do.consumer_release(state_do)
+                        # ---- hand the dQ partial to the writer warp
+                        cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+                        tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
+                        cute.arch.fence_view_async_shared()
+                        cute.arch.barrier_arrive(
+                            barrier_id=bar_dq_full, number_of_threads=dq_threads
+                        )
+                        if cutlass.const_expr(s_ahead):
+                            if tiles_left > 0:
+                                # the next tile's S^T queues behind this tile's dK
+                                state_next = state.clone()
+                                state_next.advance()
+                                pipe_q.consumer_wait(state_next)
+                                self._issue_s(
+                                    tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state_next.index
+                                )
+                                warpgroup.wait_group(1)  # dK done
+                            else:
+                                warpgroup.wait_group(0)
+                        else:
+                            warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free
                         pipe_q.consumer_release(state)
                         if cutlass.const_expr(single_ds):
                             cute.arch.barrier_arrive(
@@ -1122,58 +1141,6 @@ class FlashBwdSm90:
                             )
                         state.advance()
                         state_do.advance()
-                        # the dP^T registers carry nothing out of the loop: taking the dQ^T
-                        # values (dead once staged) keeps dS from staying live through dK
-                        acc_dp.store(acc_s.load())
-                    m_block = m_next
-            else:
-                s_ahead = self.config.s_under_dk
-                if cutlass.const_expr(s_ahead):
-                    acc_s_ahead = cute.make_rmem_tensor(acc_shape_st, Float32)
-                    tiles_left = (m_max - m_min) * self.heads_per_cta
-                    pipe_q.consumer_wait(state)
-                    self._issue_s(tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state.index)
-                # GQA with group_heads: the query heads of the KV head in turn, one pipeline
-                # run across them (dK / dV keep accumulating)
-                for _g in cutlass.range(self.heads_per_cta, unroll=1):
-                    for seg in cutlass.range_constexpr(len(segments)):
-                        test_mask, m_lo, m_hi = segments[seg]
-                        for m_block in cutlass.range(m_lo, m_hi, unroll=1):
-                            # ---- S^T = K Q^T, dP^T = V dO^T (lse / D came with Q / dO)
-                            acc_dp = cute.make_rmem_tensor(acc_shape_st, Float32)
-                            if cutlass.const_expr(s_ahead):
-                                tiles_left -= 1
-                                acc_s = acc_s_ahead
-                            else:
-                                acc_s = cute.make_rmem_tensor(acc_shape_st, Float32)
-                                pipe_q.consumer_wait(state)
-                                self._issue_s(tiled_mma_sdp, acc_s, tSrK, tSrQ, state.index)
-                            self._scores(
-                                ops, acc_s, acc_dp, pipe_do, state_do, m_block, state.index,
-                                test_mask, False,
-                            )  # fmt: skip
-                            self._grads(ops, acc_s, acc_dp, pipe_do, state_do, state.index, s_ahead)
-                            if cutlass.const_expr(s_ahead):
-                                if tiles_left > 0:
-                                    state_next = state.clone()
-                                    state_next.advance()
-                                    pipe_q.consumer_wait(state_next)
-                                    self._issue_s(
-                                        tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state_next.index
-                                    )
-                                    warpgroup.wait_group(1)
-                                else:
-                                    warpgroup.wait_group(0)
-                            else:
-                                warpgroup.wait_group(0)  # dK done: Q (and this dS stage) free
-                            pipe_q.consumer_release(state)
-                            if cutlass.const_expr(single_ds):
-                                cute.arch.barrier_arrive(
-                                    barrier_id=roles.bar_ds_free + 1 - wg,
-                                    number_of_threads=roles.num_mma_threads,
-                                )
-                            state.advance()
-                            state_do.advance()
             if cutlass.const_expr(single_ds):
                 # the other warpgroup's arrive after the last tile
                 cute.arch.barrier(
@@ -1296,169 +1263,51 @@ class FlashBwdSm90:
         return acc_as_rows_cols(tSsX)[None, 0]
 
     @cute.jit
-    def _scores(
+    def _probs_and_ds(
         self,
-        ops: _TileOperands,
         acc_s: cute.Tensor,
         acc_dp: cute.Tensor,
-        pipe_do: pipeline.PipelineAsync,
-        state_do: pipeline.PipelineState,
-        m_block: Int32,
-        stage: Int32,
-        test_mask: cutlass.Constexpr[bool],
-        carried: cutlass.Constexpr[bool],
-        dk_pending: cutlass.Constexpr[bool] = False,
-        pipe_q_rel=None,
-        state_rel=None,
-    ):
-        """The first half of a query tile, its S^T already issued into acc_s from Q's stage
-        `stage`: dP^T = V dO^T issued, S^T awaited, softcap and mask applied and (without
-        softcap) P^T = exp2(S^T * scale_log2 - lse_log2) formed in acc_s while dP^T runs; ends
-        with dP^T awaited, so no wgmma is in flight. `carried`: acc_dp lives across loop
-        iterations, so dP^T is issued into a fresh accumulator (a wgmma reads its accumulator
-        even when it zero-fills it: issued into acc_dp, the last tile's dS would stay live
-        until here) and copied over once it is done."""
-        acc_dp_mma = acc_dp
-        if cutlass.const_expr(carried):
-            acc_dp_mma = cute.make_rmem_tensor(ops.acc_shape_st, Float32)
-        # this thread's query columns of lse_log2, read from smem where used (loading lse into
-        # registers before the GEMMs measured no faster: tune_bwd_lse_dq2_h200.json)
-        t_lse = self._query_stat(ops.thr_sdp.partition_C(ops.sLSE_st[None, None, stage]))
-        pipe_do.consumer_wait(state_do)
-        self._issue_dp(ops.tiled_mma_sdp, acc_dp_mma, ops.tdPrV, ops.tdPrdO, state_do.index)
-        warpgroup.wait_group(1)
-        if cutlass.const_expr(dk_pending):
-            pipe_q_rel.consumer_release(state_rel)
-        if cutlass.const_expr(self.has_softcap):
-            apply_softcap(acc_s, ops.score_premul)
-        if cutlass.const_expr(test_mask):
-            if ops.mask.tile_needs_mask(m_block, ops.n_block):
-                ops.mask.apply(acc_s, ops.tScS, m_block, ops.n_block, transposed=self.swap_sdp)
-        if cutlass.const_expr(not self.has_softcap):
-            # the exponentials run while dP^T is in flight; under softcap they wait for it, so
-            # that one pass has tanh, P and dP together (_grads)
-            s = acc_as_rows_cols(acc_s)
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    q = j if self.swap_sdp else r  # the statistics are per query
-                    s[r, j] = cute.math.exp2(s[r, j] * ops.scale_log2 - t_lse[q], fastmath=True)
-        warpgroup.wait_group(0)
-        # ---- P^T (16-bit, for dV) and dS^T = P^T (dP^T - D)
-        t_dsum = self._query_stat(ops.thr_sdp.partition_C(ops.sDsum_st[None, None, state_do.index]))
+        t_lse: cute.Tensor,
+        t_dsum: cute.Tensor,
+        scale_log2: Float32,
+    ) -> cute.Tensor:
+        """P^T = exp2(S^T * scale_log2 - lse_log2) and, in acc_dp, dS^T = P^T (dP^T - D)
+        (times 1 - tanh^2 under softcap). Waits for the dP GEMM. Returns P^T in 16 bits, in
+        the S^T accumulator's layout.
+
+        Without softcap the exponentials run while dP is still in flight. With it, dP is
+        awaited first so that one pass has tanh, P and dP together: keeping 1 - tanh^2 in a
+        separate fragment made the D=128 variant spill. Masked scores are -inf, so P = 0, and
+        max(.., 0) keeps 0 * (1 - inf^2) from becoming NaN.
+        """
         s = acc_as_rows_cols(acc_s)
-        dp = acc_as_rows_cols(acc_dp_mma)
+        dp = acc_as_rows_cols(acc_dp)
+        rows, cols = cute.size(s, mode=[0]), cute.size(s, mode=[1])
+        # the statistics are per query: S^T's column j, or S's row r
+        by_col = self.swap_sdp
         if cutlass.const_expr(not self.has_softcap):
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    q = j if self.swap_sdp else r
+            for r in cutlass.range_constexpr(rows):
+                for j in cutlass.range_constexpr(cols):
+                    q = j if by_col else r
+                    s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[q], fastmath=True)
+            warpgroup.wait_group(0)
+            for r in cutlass.range_constexpr(rows):
+                for j in cutlass.range_constexpr(cols):
+                    q = j if by_col else r
                     dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[q])
         else:
-            # masked scores are -inf, so P = 0, and max(.., 0) keeps 0 * (1 - inf^2) from
-            # becoming NaN; 1 - tanh^2 in a fragment of its own made the D=128 variant spill
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    q = j if self.swap_sdp else r
+            warpgroup.wait_group(0)
+            for r in cutlass.range_constexpr(rows):
+                for j in cutlass.range_constexpr(cols):
+                    q = j if by_col else r
                     t = s[r, j]
-                    p = cute.math.exp2(t * ops.scale_log2 - t_lse[q], fastmath=True)
+                    p = cute.math.exp2(t * scale_log2 - t_lse[q], fastmath=True)
                     s[r, j] = p
                     dtanh = cute.arch.fmax(1.0 - t * t, Float32(0.0))
                     dp[r, j] = p * (dp[r, j] - t_dsum[q]) * dtanh
-        if cutlass.const_expr(carried):
-            acc_dp.store(acc_dp_mma.load())
-
-    @cute.jit
-    def _grads(
-        self,
-        ops: _TileOperands,
-        acc_s: cute.Tensor,
-        acc_dp: cute.Tensor,
-        pipe_do: pipeline.PipelineAsync,
-        state_do: pipeline.PipelineState,
-        stage: Int32,
-        dq_in_s: cutlass.Constexpr[bool],
-    ):
-        """The second half of a query tile after _scores: dS^T = P^T (dP^T - D) in acc_dp
-        (times 1 - tanh^2 under softcap), dS to smem, dV, dQ^T and dK issued, dV and dQ^T
-        awaited, dO released and dQ^T handed to the writer warp. Returns with dK in flight.
-        `dq_in_s`: dQ^T accumulates in acc_s's registers."""
-        roles = self.roles
-        stage_do = state_do.index
-        ds_stage = 0 if cutlass.const_expr(self.config.single_ds) else stage
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
-        r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
-        r_ds.store(acc_dp.load().to(self.dtype))
-        r_ds_st = ops.thr_store_ds.retile(r_ds)
-        if cutlass.const_expr(self.config.single_ds):
-            cute.arch.barrier(
-                barrier_id=roles.bar_ds_free + ops.wg, number_of_threads=roles.num_mma_threads
-            )
-        cute.copy(ops.store_ds_atom, r_ds_st, ops.tdSsdS[None, None, None, ds_stage])
-        if cutlass.const_expr(self.swap_dkv):
-            # P^T and dS of both warpgroups' query columns feed dV^T and dK^T
-            cute.copy(
-                ops.store_ds_atom,
-                ops.thr_store_ds.retile(r_p),
-                ops.tPsP[None, None, None, stage_do],
-            )
-        else:
-            # ---- dV += P^T dO (overlaps the dS exchange below)
-            gemm(
-                ops.tiled_mma_dv, ops.acc_dv, acc_as_operand_a(r_p),
-                ops.tdVrdOt[None, None, None, stage_do], False,
-            )  # fmt: skip
-        # dS written by both warpgroups must be visible to the async proxy (wgmma)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=roles.bar_ds, number_of_threads=roles.num_mma_threads)
-        if cutlass.const_expr(self.swap_dkv):
-            # ---- dV^T += dO^T P
-            gemm(
-                ops.tiled_mma_dv, ops.acc_dv, ops.tdVrdOt[None, None, None, stage_do],
-                ops.tdVrP[None, None, None, stage_do], False,
-            )  # fmt: skip
-        # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
-        if cutlass.const_expr(dq_in_s):
-            acc_dq = cute.make_tensor(acc_s.iterator, cute.make_layout(ops.acc_shape_dq))
-        else:
-            acc_dq = cute.make_rmem_tensor(ops.acc_shape_dq, Float32)
-        r_dqs = ops.tdQrdS[None, None, None, ds_stage]
-        if cutlass.const_expr(self.swap_dq):
-            gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrKt, r_dqs, True)  # dQ^T = K^T dS^T
-        else:
-            gemm(ops.tiled_mma_dq, acc_dq, r_dqs, ops.tdQrKt, True)
-        if cutlass.const_expr(self.swap_dkv):
-            gemm(
-                ops.tiled_mma_dk, ops.acc_dk, ops.tdKrQt[None, None, None, stage],
-                ops.tdKrdS[None, None, None, ds_stage], False,
-            )  # fmt: skip
-        else:
-            # dS^T's registers, as dK's A operand
-            gemm(
-                ops.tiled_mma_dk, ops.acc_dk, acc_as_operand_a(r_ds),
-                ops.tdKrQt[None, None, None, stage], False,
-            )  # fmt: skip
-        warpgroup.wait_group(1)  # dV and dQ done
-        pipe_do.consumer_release(state_do)
-        # ---- hand the dQ partial to the writer warp
-        cute.arch.barrier(barrier_id=ops.bar_dq_empty, number_of_threads=ops.dq_threads)
-        ops.tdQsdQ[None, None, None, ops.dq_buf].store(acc_dq.load())
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=ops.bar_dq_full, number_of_threads=ops.dq_threads)
-
-    @cute.jit
-    def _issue_dp(
-        self,
-        tiled_mma_sdp: cute.TiledMma,
-        acc_dp: cute.Tensor,
-        tdPrV: cute.Tensor,
-        tdPrdO: cute.Tensor,
-        do_stage: Int32,
-    ):
-        """Issue dP^T = V dO^T (dP = dO V^T) of the query tile in dO's smem stage do_stage."""
-        a_dp, b_dp = tdPrV, tdPrdO[None, None, None, do_stage]
-        if cutlass.const_expr(not self.swap_sdp):
-            a_dp, b_dp = b_dp, a_dp
-        gemm(tiled_mma_sdp, acc_dp, a_dp, b_dp, True, k_blocks=self.head_dim_v // 16)
+        return r_p
 
     @cute.jit
     def _dq_add(

@@ -822,8 +822,6 @@ class BwdTileConfig:
     # across the loop's back edge and dQ^T accumulates in it (FlashBwdSm90.mma); built for
     # the dK / dV register tiles walked in one loop (not dkv_swap_ab, not split_mask_loops)
     s_under_dk: bool = False
-    # EXPERIMENT: 0 the latch form, 1 rotated, 2 rotated with dP^T queued before the dK wait
-    sdk_form: int = 0
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
