@@ -1130,6 +1130,10 @@ class FlashBwdSm90:
                                 )
                                 warpgroup.wait_group(1)  # dK done
                             else:
+                                # no wait after the loop (ptxas serializes for one, C7514); it
+                                # drains the next S^T in the latch instead (C7517). A loop
+                                # rotated so nothing is in flight there measured slower
+                                # (docs/design.md, section 5b)
                                 warpgroup.wait_group(0)
                         else:
                             warpgroup.wait_group(0)  # dK done: Q (and this dS stage) are free

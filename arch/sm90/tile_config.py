@@ -1160,8 +1160,12 @@ def _bwd_tiles(
         # padded 64-row tile, 4 x 4k, 32 query heads, tune_bwd_grp_d96_h200.json: GQA 32/8
         # 478 / 500 / 512 / 462, GQA 32/8 causal 431 / 427 / 453 / 425, MQA 32/1 causal
         # 263 / 270 / 279 / 254; same gradients), unlike D = 128, whose 80 rows spill there.
-        # Softcap (dQ = dS K, whose N = 48 halves the MN-major K operand cannot take) keeps
-        # the padded tile.
+        # Softcap (dQ = dS K, whose N = 48 halves of the MN-major K operand each need to start
+        # on a swizzle atom of K's tile, 32-byte atoms, which the kernel does not build) keeps
+        # the padded tile. The 64-row tile built that way (unpadded dQ, 32-byte dQ staging)
+        # measured slower than its padded dQ^T, 64 rows padded / unpadded
+        # (tune_bwd_d96_unpadded_s55_h100.json): 4k causal 446.0 / 434.8, 16k causal 519.0 /
+        # 505.8, 4k 498.4 / 471.8, 1k causal 283.6 / 262.5.
         # History: the padded D = 128 kernel had beaten D = 96's own tiles with dQ on one
         # warpgroup (N = 96, tune_bwd_d96_single_dq_h200.json: 16k 431 / 449), a variant since
         # removed.
