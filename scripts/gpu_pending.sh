@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `sdk_ab`: the fifty-fourth
-# session measured BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so
+# installed there), by steps; the default is what is still pending, `softcap96 sdk_ab`: the
+# fifty-fifth session put D=96 under softcap on its own columns after its causal sweep cases
+# alone (`softcap96` runs its other backward tests); the fifty-fourth session measured
+# BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so
 # their A/B (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
 # (`bwd_sweep`, `bwd_rest`) are owed on an H200. The forward sweep has passed whole on H200s
 # (forty-eighth and fifty-second sessions) and the other forward GPU tests on H100s (`fwd_rest`
@@ -31,6 +33,8 @@
 #   bwd_touched the backward GPU tests s_under_dk and the short-rows bucket touch (262: the
 #               sweep's unmasked cases, its causal ones at D <= 128, short rows, group_heads,
 #               lse gradient, CUDA graphs, torch.compile), under a 560 s limit
+#   softcap96   the backward tests of D=96 under softcap on its own columns not yet run on it
+#               (varlen softcap sweep cases, group_heads), under a 400 s limit
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -68,7 +72,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(sdk_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(softcap96 sdk_ab)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -140,6 +144,12 @@ for step in "${steps[@]}"; do
           -k "sweep and causal" 2>/dev/null | grep "::" | awk -F'-' '$4 <= 128') )
       # shellcheck disable=SC2086  # one test id a word
       [ -n "$ids" ] && gpu_tests 560 gpu_tests_bwd_touched.log -vv $ids ;;
+    softcap96)
+      # D=96 under softcap on its own columns (fifty-fifth session): its backward tests but
+      # the causal sweep cases (20, passed before the table took it): the varlen sweep's
+      # softcap cases and group_heads (softcap at D=96 among them)
+      gpu_tests 400 gpu_tests_softcap96.log tests/test_bwd_sm90.py \
+          tests/test_bwd_varlen_sm90.py -k "(softcap and 96) or group_heads" ;;
     bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \
@@ -204,6 +214,7 @@ for step in "${steps[@]}"; do
     fwd_rest) tail -8 "$OUT/gpu_tests_fwd_rest.log" ;;
     bwd_rest) tail -8 "$OUT/gpu_tests_bwd_rest.log" ;;
     bwd_touched) tail -8 "$OUT/gpu_tests_bwd_touched.log" ;;
+    softcap96) tail -8 "$OUT/gpu_tests_softcap96.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;

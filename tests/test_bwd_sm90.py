@@ -56,7 +56,7 @@ def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
 
 SEQLENS = [(1, 1), (2, 5), (5, 2), (113, 203), (239, 1), (1, 300), (128, 128), (1024, 1024),
            (333, 777), (777, 333)]  # fmt: skip
-# 96: its own tiles, K padded to 128 (softcap: the D=128 tiles, zero-padded); past 128 the
+# 96: its own tiles, K padded to 128 (softcap: dQ = dS K, no padding); past 128 the
 # swapped dK / dV tiles (192 on its own 64 x 96 tiles with S = Q K^T)
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 
@@ -547,6 +547,43 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         # (8, transposed A); dV and dK over the query rows (rows / 16 each)
         assert v["shapes"] == {f"64x{n}x16": 24, f"64x{n}x16 tnspA": 8,
                                "64x128x16": rows // 8}, r  # fmt: skip
+        assert v["waits"] <= 6, r
+
+
+_SOFTCAP_D96_SNIPPET = r"""
+import json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+for causal in (False, True):
+    cfg = bwd_tile_config(96, 96, causal, False, softcap=True)
+    spec = BwdSpec("bfloat16", 96, 96, 8, 2, False, causal, True, cfg)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    shapes = {}
+    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
+        key = shape + (" tnspA" if "tnspA" in rest else "")
+        shapes[key] = shapes.get(key, 0) + 1
+    out[str(causal)] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                        "shapes": shapes, "pad": cfg.padded_head_dim, "tile_m": cfg.tile_m,
+                        "waits": len(re.findall(r"WARPGROUP\.DEPBAR", sass))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_softcap_d96_runs_its_own_columns(tmp_path):
+    # D=96 under softcap: softcap's 64-row tile (dQ = dS K) on the 96 columns, no padding.
+    # Per k-step of 16: S^T and dP^T over D = 96 (6 each), dV and dK as N = 96 over the 64
+    # query rows (4 each), dQ as each warpgroup's N = 48 half over the 128 keys (8); the
+    # wgmmas stay asynchronous (a handful of waits) and nothing spills
+    r = run_json_snippet(_SOFTCAP_D96_SNIPPET, tmp_path, timeout=900)
+    if not r["False"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for v in r.values():
+        assert v["pad"] == 0 and v["tile_m"] == 64 and v["spills"] == 0, r
+        assert v["shapes"] == {"64x64x16": 12, "64x96x16": 8, "64x48x16": 8}, r
         assert v["waits"] <= 6, r
 
 

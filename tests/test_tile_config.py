@@ -675,15 +675,21 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
         cfg = bwd_tile_config(96, 96, causal, False, group_heads=True)
         assert (cfg.tile_m, cfg.dq_head_dim, cfg.padded_head_dim) == (96, 128, 0)
         assert bwd_tile_config(128, 128, causal, False, group_heads=True).tile_m == 64
-    # softcap: the D=128 tile (dQ = dS K) over zero-filled columns
+    # softcap: the D=128 tile (dQ = dS K) on the 96 columns themselves, no padding (+4-7% over
+    # the zero-filled D=128 columns, tune_bwd_d96_softcap_own_s55_h100.json)
     for causal in (False, True):
         cfg = bwd_tile_config(96, 96, causal, False, softcap=True)
-        assert cfg.padded_head_dim == 128 and cfg.dq_head_dim == 0 and not cfg.dq_swap_ab
-        assert dataclasses.replace(cfg, padded_head_dim=0) == bwd_tile_config(
-            128, 128, causal, False, softcap=True
+        assert cfg.padded_head_dim == 0 and cfg.dq_head_dim == 0 and not cfg.dq_swap_ab
+        assert cfg == bwd_tile_config(128, 128, causal, False, softcap=True)
+        assert cfg.tile_head_dims(96, 96) == (96, 96) and cfg.dq_tile_head_dim(96) == 96
+        assert cfg.smem_bytes(96, 96) < cfg.smem_bytes(128, 128)
+        # the deterministic order stages dQ in 128-byte swizzle atoms (32 columns), which a
+        # 48-column half cannot take: the D=128 tile over zero-filled columns there
+        det = bwd_tile_config(96, 96, causal, False, softcap=True, deterministic=True)
+        assert det.padded_head_dim == 128 and det.tile_head_dims(96, 96) == (128, 128)
+        assert dataclasses.replace(det, padded_head_dim=0) == bwd_tile_config(
+            128, 128, causal, False, softcap=True, deterministic=True
         )
-        assert cfg.tile_head_dims(96, 96) == (128, 128)
-        assert cfg.smem_bytes(96, 96) == cfg.smem_bytes(128, 128)
     assert bwd_tile_config(128, 128, False, False).tile_head_dims(128, 128) == (128, 128)
     assert bwd_tile_config(128, 128, False, False).dq_tile_head_dim(128) == 128
     # each head dim rounds up to a multiple of the padding on its own

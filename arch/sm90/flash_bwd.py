@@ -39,7 +39,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     semaphore counts them), and waits for its add to land before releasing the next one. The
     fp32 sums then happen in one fixed order: bitwise identical run to run.
   * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
-    multiple of 128 (D = 96 under softcap -> 128); TMA zero-fills the columns past the
+    multiple of 128 (D = 96 under softcap in the deterministic order -> 128); TMA zero-fills
+    the columns past the
     tensors' on load and drops them on store / reduce-add. With dq_head_dim only K's tile is
     wider (D = 96: 128 columns, so dQ^T keeps two 64-row head-dim halves); S^T and dP^T then
     run over the first head_dim columns of K, and dK is staged in K's buffer through a
@@ -246,6 +247,17 @@ class FlashBwdSm90:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
+        dq_half = self.tile_dq // cfg.num_mma_warpgroups
+        if (
+            not (self.dq_split_rows or self.swap_dq)
+            and cfg.dq_half_staging
+            and dq_half % (cfg.dq_swizzle // 4)
+        ):
+            # each warpgroup's head-dim half of dQ is a column slice of the fp32 staging tile
+            raise ValueError(
+                f"dQ's head-dim halves of {dq_half} columns need a dq_swizzle of at most"
+                f" {4 * (dq_half & -dq_half)} bytes, not {cfg.dq_swizzle}"
+            )
         swap_d = 64 * cfg.num_mma_warpgroups if cfg.dq_half_staging else 64
         if self.swap_dq and self.tile_dq != swap_d:
             raise ValueError(
@@ -358,8 +370,11 @@ class FlashBwdSm90:
         sdO_layout = smem_layout(self.dtype, tm, dv, do_stages)
         # transposed MN-major wgmma operands read in per-warpgroup column slices must start on
         # a swizzle atom: K^T's head-dim halves in dQ = dS K, and under S = Q K^T the keys of
-        # dS / P in dK^T / dV^T (D = 192, tile_n = 96: slices of 96 and 48 columns)
-        k_atom = dq_d // nwg if cutlass.const_expr(not self.swap_sdp) else None
+        # dS / P in dK^T / dV^T (D = 192, tile_n = 96: slices of 96 and 48 columns). Under
+        # S^T = K Q^T K's widest swizzle takes halves of 32 / 64 / 128 columns; 48-column ones
+        # (D = 96 without padding) need its 32-byte atoms
+        odd_dq_half = not (self.swap_dq or self.dq_split_rows) and (dq_d // nwg) % 32
+        k_atom = dq_d // nwg if cutlass.const_expr(not self.swap_sdp or odd_dq_half) else None
         ds_atom = tn // nwg if cutlass.const_expr(not self.swap_sdp) else None
         sK_layout = smem_layout(self.dtype, tn, dq_d, None, k_atom)
         # dK's staging in K's buffer for its TMA store: (tn, d), K's own layout unless K's

@@ -1160,10 +1160,12 @@ def _bwd_tiles(
         # padded 64-row tile, 4 x 4k, 32 query heads, tune_bwd_grp_d96_h200.json: GQA 32/8
         # 478 / 500 / 512 / 462, GQA 32/8 causal 431 / 427 / 453 / 425, MQA 32/1 causal
         # 263 / 270 / 279 / 254; same gradients), unlike D = 128, whose 80 rows spill there.
-        # Softcap (dQ = dS K, whose N = 48 halves of the MN-major K operand each need to start
-        # on a swizzle atom of K's tile, 32-byte atoms, which the kernel does not build) keeps
-        # the padded tile. The 64-row tile built that way (unpadded dQ, 32-byte dQ staging)
-        # measured slower than its padded dQ^T, 64 rows padded / unpadded
+        # Softcap's tile (dQ = dS K, 64 rows) runs on the 96 columns too: each warpgroup's
+        # 48-column half of dQ starts on one of K's 32-byte swizzle atoms (FlashBwdSm90
+        # builds K's tile so). Round-robin on an H100, TFLOP/s, softcap 30, the D = 128 tile
+        # over zero-filled columns / its own (tune_bwd_d96_softcap_own_s55_h100.json, 20
+        # reps; same gradients): 4k 440.1 / 458.7, 4k causal 386.6 / 415.1. Without softcap
+        # the same dQ form on the 64-row tile lost to the padded dQ^T, padded / own
         # (tune_bwd_d96_unpadded_s55_h100.json): 4k causal 446.0 / 434.8, 16k causal 519.0 /
         # 505.8, 4k 498.4 / 471.8, 1k causal 283.6 / 262.5.
         # History: the padded D = 128 kernel had beaten D = 96's own tiles with dQ on one
@@ -1176,7 +1178,11 @@ def _bwd_tiles(
             # its own
             rows = 64 if short else 96
             return dataclasses.replace(tile, tile_m=rows, dq_head_dim=128, dq_flat=rows > 64)
-        return dataclasses.replace(tile, padded_head_dim=128)
+        if deterministic:
+            # the deterministic order's 128-byte dQ staging swizzle (above) spans 32 columns,
+            # not a 48-column half: the D = 128 tile over zero-filled columns, as before
+            return dataclasses.replace(tile, padded_head_dim=128)
+        return tile  # softcap: dQ = dS K over the 96 columns (above)
     if head_dim == 192:
         # S = Q K^T with the warpgroups splitting 96 keys (sdp_swap_ab=False): dK^T / dV^T
         # over each warpgroup's own 48 keys and every 64-row tile of the head dim, so 192
@@ -1254,8 +1260,8 @@ def _bwd_64_rows(dq_swizzle: int) -> BwdTileConfig:
 def _bwd_d128_tile(
     softcap: bool, group_heads: bool, dq_swizzle: int, short: bool = False
 ) -> BwdTileConfig:
-    """D = 128 (and D = 96 over zero-filled columns), every mask and order; softcap and
-    group_heads excepted (below).
+    """D = 128 (and D = 96: dQ^T over K zero-filled to 128 columns, or softcap's tile on its
+    own 96), every mask and order; softcap and group_heads excepted (below).
 
     80 x 128 with dQ^T = K^T dS^T (dq_swap_ab; FA3's non-causal D=128 tile). Round-robin on an
     H100 SXM (the lent machine of that session), TFLOP/s, 64 rows (the old table) / 64 rows
