@@ -40,11 +40,10 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     fp32 sums then happen in one fixed order: bitwise identical run to run.
   * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
     multiple of 128 (D = 96 under softcap in the deterministic order -> 128); TMA zero-fills
-    the columns past the
-    tensors' on load and drops them on store / reduce-add. With dq_head_dim only K's tile is
-    wider (D = 96: 128 columns, so dQ^T keeps two 64-row head-dim halves); S^T and dP^T then
-    run over the first head_dim columns of K, and dK is staged in K's buffer through a
-    (tile_n, head_dim) layout of its own.
+    the columns past the tensors' on load and drops them on store / reduce-add. With
+    dq_head_dim only K's tile is wider (D = 96: 128 columns, so dQ^T keeps two 64-row
+    head-dim halves); S^T and dP^T then run over the first head_dim columns of K, and dK is
+    staged in K's buffer through a (tile_n, head_dim) layout of its own.
   * head dims past 128 (BwdTileConfig.dkv_swap_ab): 64 keys x 64 query rows. The warpgroups
     split S^T / dP^T by query columns (32 each); P^T and dS go to smem, and
         dV^T += dO^T P, dK^T += Q^T dS                  (wgmma SS, both operands transposed)
