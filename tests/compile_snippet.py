@@ -30,6 +30,18 @@ def mask_windows(sass):
     return windows
 """
 
+# Source prepended to snippets that count a kernel's wgmmas: hgmma_shapes(sass) maps each
+# bf16 HGMMA shape ("64x80x16", with " tnspA" where A is read transposed) to its count.
+HGMMA_SHAPES = r"""
+import re
+def hgmma_shapes(sass):
+    shapes = {}
+    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
+        key = shape + (" tnspA" if "tnspA" in rest else "")
+        shapes[key] = shapes.get(key, 0) + 1
+    return shapes
+"""
+
 
 def run_json_snippet(snippet: str, tmp_path, *argv: str, timeout: int = 900):
     env = dict(os.environ, CUTE_ATTN_CACHE_DIR=str(tmp_path))

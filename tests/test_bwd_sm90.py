@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from compile_snippet import MASK_WINDOWS, run_json_snippet
+from compile_snippet import HGMMA_SHAPES, MASK_WINDOWS, run_json_snippet
 
 from cute_attn import flash_attn_func, last_backward_dispatch
 from cute_attn.reference import attention_ref
@@ -442,7 +442,7 @@ def test_bwd_split_mask_loops_leaves_the_middle_loop_mask_free(tmp_path):
     assert len(off["windows"]) == 2 and off["windows"][0] > 0 and off["windows"][1] == 0, r
 
 
-_DQ_SWIZZLE_SNIPPET = r"""
+_DQ_SWIZZLE_SNIPPET = r"""  # run after HGMMA_SHAPES
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
@@ -457,10 +457,7 @@ for name in ("False", "True", "d64", "d96"):
     spills = sass.count("STL") + sass.count("LDL")
     # the writer waits for warpgroup 1's own half on named barrier 5 (one warpgroup + the
     # writer warp: 160 = 0xa0 threads), not for the whole tile on 3 (both: 288 = 0x120)
-    shapes = {}
-    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
-        key = shape + (" tnspA" if "tnspA" in rest else "")
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = hgmma_shapes(sass)
     out[name] = {"swizzle": cfg.dq_swizzle, "sass": bool(sass), "shapes": shapes,
                      "tile": [cfg.tile_m, cfg.dq_swap_ab], "spills": spills,
                      "reduces": sass.count("UTMAREDG"), "sts32": len(re.findall(r"STS \[", sass)),
@@ -477,7 +474,7 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
     # rows, dQ^T = K^T dS^T as 64 x 80 wgmmas with a transposed A (K^T), each warpgroup
     # handing its own head-dim half to the writer, staged in register order (dq_flat): 10
     # 128-bit stores a thread and tile (40 floats), one contiguous reduce-add a half
-    r = run_json_snippet(_DQ_SWIZZLE_SNIPPET, tmp_path, timeout=900)
+    r = run_json_snippet(HGMMA_SHAPES + _DQ_SWIZZLE_SNIPPET, tmp_path, timeout=900)
     default, det = r["False"], r["True"]
     if not default["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
@@ -508,7 +505,7 @@ def test_bwd_swapped_dq_reaches_the_kernel(tmp_path):
     assert d96["flat"] and d96["sts128"] == 12, r
 
 
-_S_UNDER_DK_SNIPPET = r"""
+_S_UNDER_DK_SNIPPET = r"""  # run after HGMMA_SHAPES
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
@@ -519,10 +516,7 @@ for name, group in (("dense", False), ("group", True)):
     cfg = bwd_tile_config(128, 128, False, False, group_heads=group)
     spec = BwdSpec("bfloat16", 128, 128, 8, 2 if group else 8, False, False, False, cfg)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    shapes = {}
-    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
-        key = shape + (" tnspA" if "tnspA" in rest else "")
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = hgmma_shapes(sass)
     out[name] = {"sass": bool(sass), "on": cfg.s_under_dk, "tile_m": cfg.tile_m,
                  "spills": sass.count("STL") + sass.count("LDL"), "shapes": shapes,
                  "waits": len(re.findall(r"WARPGROUP\.DEPBAR", sass))}
@@ -536,7 +530,7 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
     # before the loop and once at the end of each query tile (behind its dK), and ptxas keeps
     # the wgmmas asynchronous: a handful of waits, not one after every wgmma (42 here when it
     # serialized them, for want of registers or over the loop's exit), and no spills
-    r = run_json_snippet(_S_UNDER_DK_SNIPPET, tmp_path, timeout=900)
+    r = run_json_snippet(HGMMA_SHAPES + _S_UNDER_DK_SNIPPET, tmp_path, timeout=900)
     if not r["dense"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
     for name, rows in (("dense", 80), ("group", 64)):
@@ -550,7 +544,7 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         assert v["waits"] <= 6, r
 
 
-_SOFTCAP_D96_SNIPPET = r"""
+_SOFTCAP_D96_SNIPPET = r"""  # run after HGMMA_SHAPES
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
@@ -561,10 +555,7 @@ for causal in (False, True):
     cfg = bwd_tile_config(96, 96, causal, False, softcap=True)
     spec = BwdSpec("bfloat16", 96, 96, 8, 2, False, causal, True, cfg)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    shapes = {}
-    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
-        key = shape + (" tnspA" if "tnspA" in rest else "")
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = hgmma_shapes(sass)
     out[str(causal)] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
                         "shapes": shapes, "pad": cfg.padded_head_dim, "tile_m": cfg.tile_m,
                         "waits": len(re.findall(r"WARPGROUP\.DEPBAR", sass))}
@@ -578,7 +569,7 @@ def test_bwd_softcap_d96_runs_its_own_columns(tmp_path):
     # Per k-step of 16: S^T and dP^T over D = 96 (6 each), dV and dK as N = 96 over the 64
     # query rows (4 each), dQ as each warpgroup's N = 48 half over the 128 keys (8); the
     # wgmmas stay asynchronous (a handful of waits) and nothing spills
-    r = run_json_snippet(_SOFTCAP_D96_SNIPPET, tmp_path, timeout=900)
+    r = run_json_snippet(HGMMA_SHAPES + _SOFTCAP_D96_SNIPPET, tmp_path, timeout=900)
     if not r["False"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
     for v in r.values():
@@ -587,7 +578,7 @@ def test_bwd_softcap_d96_runs_its_own_columns(tmp_path):
         assert v["waits"] <= 6, r
 
 
-_WIDE_SNIPPET = r"""
+_WIDE_SNIPPET = r"""  # run after HGMMA_SHAPES
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
@@ -598,10 +589,7 @@ for d, dv in ((256, 256), (192, 128)):
     cfg = bwd_tile_config(d, dv, True, False)
     spec = BwdSpec("bfloat16", d, dv, 8, 8, False, True, False, cfg)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    shapes = {}
-    for shape, rest in re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 ([^;]*);", sass):
-        key = shape + (" tnspA" if "tnspA" in rest else "")
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = hgmma_shapes(sass)
     out[f"{d}-{dv}"] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
                         "shapes": shapes, "swap": cfg.dkv_swap_ab}
 print(json.dumps(out))
@@ -614,7 +602,7 @@ def test_bwd_wide_head_dim_builds_the_swapped_gemms(tmp_path):
     # 64 x 64 wgmmas with both smem operands transposed, dQ as 64 x 128; no spills. (192, 128)
     # on its own 64 x 96 tiles: S / dP and dK^T / dV^T as 64 x 48 per warpgroup (the key
     # split), dQ as 64 x 96
-    out = run_json_snippet(_WIDE_SNIPPET, tmp_path, timeout=900)
+    out = run_json_snippet(HGMMA_SHAPES + _WIDE_SNIPPET, tmp_path, timeout=900)
     r, r192 = out["256-256"], out["192-128"]
     if not r["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
