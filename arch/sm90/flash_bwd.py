@@ -1122,10 +1122,6 @@ class FlashBwdSm90:
                             acc_dq = cute.make_tensor(
                                 acc_s_ahead.iterator, cute.make_layout(acc_shape_dq)
                             )
-                            if cutlass.const_expr(self.dv_early):
-                                # a fresh definition: the last one (P^T) would otherwise be
-                                # live from the exponentials through dS (40 registers at D=128)
-                                acc_dq.fill(0.0)
                         else:
                             acc_dq = cute.make_rmem_tensor(acc_shape_dq, Float32)
                         r_dqs = tdQrdS[None, None, None, ds_stage]
