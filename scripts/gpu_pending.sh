@@ -127,7 +127,7 @@ for step in "${steps[@]}"; do
           --variant base= --variant dv16=dv_early=True,ds_p16=True \
           --out "$OUT/tune_bwd_dv_early_$gpu.json" > "$OUT/tune_bwd_dv_early.log" 2>&1
       timeout 200 python3 scripts/tune_bwd_sm90.py --reps 30 \
-          --shapes d96-4k-causal,d96-2k-causal,d128-2k-causal \
+          --shapes d96-4k-causal,d96-2k-causal \
           --variant short=tile_m=64,dq_flat=False,s_under_dk=True \
           --variant short_dv=tile_m=64,dq_flat=False,s_under_dk=True,dv_early=True \
           --variant short_dv16=tile_m=64,dq_flat=False,s_under_dk=True,dv_early=True,ds_p16=True \

@@ -1073,8 +1073,7 @@ class FlashBwdSm90:
                                 tdVrdOt[None, None, None, stage_do], False,
                             )  # fmt: skip
                             warpgroup.wait_group(1)  # dP^T done, dV in flight
-                            p_ds = r_p if cutlass.const_expr(self.config.ds_p16) else acc_s
-                            self._ds(p_ds, acc_dp, t_dsum)
+                            self._ds(r_p if cutlass.const_expr(self.config.ds_p16) else acc_s, acc_dp, t_dsum)
                         else:
                             r_p = self._probs_and_ds(
                                 acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2
@@ -1113,7 +1112,12 @@ class FlashBwdSm90:
                                 tdVrP[None, None, None, stage_do], False,
                             )  # fmt: skip
                         # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
-                        if cutlass.const_expr(s_ahead):
+                        if cutlass.const_expr(self.dv_early):
+                            # dQ^T accumulates in dP^T's registers, dead once dS^T is in 16
+                            # bits; S^T's (fp32 P^T) are dead once P^T is, which a zero-filled
+                            # dQ^T there would keep live through dS (see below)
+                            acc_dq = cute.make_tensor(acc_dp.iterator, cute.make_layout(acc_shape_dq))
+                        elif cutlass.const_expr(s_ahead):
                             # dQ^T accumulates in the S^T registers (dead once dS is formed;
                             # the next S^T overwrites them once dQ^T is staged): a wgmma reads
                             # its accumulator even when it zero-fills it, so a separate S^T
@@ -1155,6 +1159,10 @@ class FlashBwdSm90:
                                 state_next = state.clone()
                                 state_next.advance()
                                 pipe_q.consumer_wait(state_next)
+                                if cutlass.const_expr(self.dv_early):
+                                    # a fresh definition: the wgmma reads its accumulator, and
+                                    # the last one (P^T) would be live through dS, dQ^T and dK
+                                    acc_s_ahead.fill(0.0)
                                 self._issue_s(
                                     tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state_next.index
                                 )
