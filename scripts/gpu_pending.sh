@@ -119,23 +119,6 @@ for step in "${steps[@]}"; do
           --variant det=deterministic=1,s_under_dk=False \
           --variant det_sdk=deterministic=1,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
-    dv_ab)
-      # BwdTileConfig.dv_early (dV issued before the wait for dP^T), dS from the 16-bit P
-      # (ds_p16) or the fp32 one, against the table
-      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 30 \
-          --shapes d96-4k,d96-16k-causal,d96-16k,d64-4k,d64-16k \
-          --variant base= --variant dv16=dv_early=True,ds_p16=True \
-          --out "$OUT/tune_bwd_dv_early_$gpu.json" > "$OUT/tune_bwd_dv_early.log" 2>&1
-      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 30 \
-          --shapes d96-4k-causal,d96-2k-causal \
-          --variant short=tile_m=64,dq_flat=False,s_under_dk=True \
-          --variant short_dv=tile_m=64,dq_flat=False,s_under_dk=True,dv_early=True \
-          --variant short_dv16=tile_m=64,dq_flat=False,s_under_dk=True,dv_early=True,ds_p16=True \
-          --out "$OUT/tune_bwd_dv_early_short_$gpu.json" > "$OUT/tune_bwd_dv_early_short.log" 2>&1
-      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 30 \
-          --shapes d128-4k,d128-16k,d128-4k-causal \
-          --variant base= --variant dv16=dv_early=True,ds_p16=True,s_under_dk=False \
-          --out "$OUT/tune_bwd_dv_early_d128_$gpu.json" > "$OUT/tune_bwd_dv_early_d128.log" 2>&1 ;;
     sdk_rows)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
@@ -245,8 +228,6 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
-    dv_ab) for f in tune_bwd_dv_early tune_bwd_dv_early_short tune_bwd_dv_early_d128; do
-        grep -A30 "^shape" "$OUT/$f.log"; grep -i "error" "$OUT/$f.log" | cut -c1-300; done ;;
     host_varlen) tail -8 "$OUT/host_overhead_varlen.log" ;;
     host) tail -12 "$OUT/host_overhead_tiny.log"; tail -12 "$OUT/compile_time.log" ;;
   esac

@@ -210,9 +210,6 @@ class FlashBwdSm90:
         # K's smem tile and dQ^T's head-dim rows: tile_d, or wider (BwdTileConfig.dq_head_dim)
         self.tile_dq = cfg.dq_tile_head_dim(self.head_dim)
         self.swap_dkv = cfg.dkv_swap_ab
-        # dV issued before the wait for dP^T (BwdTileConfig.dv_early); softcap waits for dP^T
-        # before its exponentials, so there it keeps the order
-        self.dv_early = cfg.dv_early and not self.has_softcap
         # S^T = K Q^T (keys as wgmma M), or S = Q K^T (BwdTileConfig.sdp_swap_ab)
         self.swap_sdp = cfg.sdp_swap_ab
         rows = 64 * cfg.num_mma_warpgroups if self.swap_sdp else 64
@@ -1065,19 +1062,7 @@ class FlashBwdSm90:
                         t_dsum = self._query_stat(
                             thr_sdp.partition_C(sDsum_st[None, None, stage_do])
                         )
-                        if cutlass.const_expr(self.dv_early):
-                            # ---- dV += P^T dO issued before the wait for dP^T (dv_early)
-                            r_p = self._probs(acc_s, t_lse, softmax_scale_log2)
-                            gemm(
-                                tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
-                                tdVrdOt[None, None, None, stage_do], False,
-                            )  # fmt: skip
-                            warpgroup.wait_group(1)  # dP^T done, dV in flight
-                            self._ds(r_p if cutlass.const_expr(self.config.ds_p16) else acc_s, acc_dp, t_dsum)
-                        else:
-                            r_p = self._probs_and_ds(
-                                acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2
-                            )
+                        r_p = self._probs_and_ds(acc_s, acc_dp, t_lse, t_dsum, softmax_scale_log2)
                         r_ds = cute.make_rmem_tensor_like(acc_dp, self.dtype)
                         r_ds.store(acc_dp.load().to(self.dtype))
                         r_ds_st = thr_store_ds.retile(r_ds)
@@ -1094,7 +1079,7 @@ class FlashBwdSm90:
                                 thr_store_ds.retile(r_p),
                                 tPsP[None, None, None, stage_do],
                             )
-                        elif cutlass.const_expr(not self.dv_early):
+                        else:
                             # ---- dV += P^T dO (overlaps the dS exchange below)
                             gemm(
                                 tiled_mma_dv, acc_dv, acc_as_operand_a(r_p),
@@ -1112,12 +1097,7 @@ class FlashBwdSm90:
                                 tdVrP[None, None, None, stage_do], False,
                             )  # fmt: skip
                         # ---- dQ = dS K, dK += dS^T Q (dK^T += Q^T dS under swap_dkv)
-                        if cutlass.const_expr(self.dv_early):
-                            # dQ^T accumulates in dP^T's registers, dead once dS^T is in 16
-                            # bits; S^T's (fp32 P^T) are dead once P^T is, which a zero-filled
-                            # dQ^T there would keep live through dS (see below)
-                            acc_dq = cute.make_tensor(acc_dp.iterator, cute.make_layout(acc_shape_dq))
-                        elif cutlass.const_expr(s_ahead):
+                        if cutlass.const_expr(s_ahead):
                             # dQ^T accumulates in the S^T registers (dead once dS is formed;
                             # the next S^T overwrites them once dQ^T is staged): a wgmma reads
                             # its accumulator even when it zero-fills it, so a separate S^T
@@ -1159,10 +1139,6 @@ class FlashBwdSm90:
                                 state_next = state.clone()
                                 state_next.advance()
                                 pipe_q.consumer_wait(state_next)
-                                if cutlass.const_expr(self.dv_early):
-                                    # a fresh definition: the wgmma reads its accumulator, and
-                                    # the last one (P^T) would be live through dS, dQ^T and dK
-                                    acc_s_ahead.fill(0.0)
                                 self._issue_s(
                                     tiled_mma_sdp, acc_s_ahead, tSrK, tSrQ, state_next.index
                                 )
@@ -1303,33 +1279,6 @@ class FlashBwdSm90:
         if cutlass.const_expr(self.swap_sdp):
             return acc_as_rows_cols(tSsX)[0, None]
         return acc_as_rows_cols(tSsX)[None, 0]
-
-    @cute.jit
-    def _probs(self, acc_s: cute.Tensor, t_lse: cute.Tensor, scale_log2: Float32) -> cute.Tensor:
-        """P^T = exp2(S^T * scale_log2 - lse_log2) in place (fp32, for dS) and in 16 bits (dV's
-        A operand, returned) without waiting for dP^T (dv_early; no softcap)."""
-        s = acc_as_rows_cols(acc_s)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                q = j if cutlass.const_expr(self.swap_sdp) else r
-                s[r, j] = cute.math.exp2(s[r, j] * scale_log2 - t_lse[q], fastmath=True)
-        r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
-        r_p.store(acc_s.load().to(self.dtype))
-        return r_p
-
-    @cute.jit
-    def _ds(self, r_p: cute.Tensor, acc_dp: cute.Tensor, t_dsum: cute.Tensor):
-        """dS^T = P^T (dP^T - D) in acc_dp, from the 16-bit P^T (dv_early)."""
-        p32 = r_p
-        if cutlass.const_expr(r_p.element_type is not Float32):
-            p32 = cute.make_rmem_tensor_like(r_p, Float32)
-            p32.store(r_p.load().to(Float32))
-        s = acc_as_rows_cols(p32)
-        dp = acc_as_rows_cols(acc_dp)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                q = j if cutlass.const_expr(self.swap_sdp) else r
-                dp[r, j] = s[r, j] * (dp[r, j] - t_dsum[q])
 
     @cute.jit
     def _probs_and_ds(

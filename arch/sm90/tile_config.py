@@ -822,19 +822,8 @@ class BwdTileConfig:
     # across the loop's back edge and dQ^T accumulates in it (FlashBwdSm90.mma); built for
     # the dK / dV register tiles walked in one loop (not dkv_swap_ab, not split_mask_loops)
     s_under_dk: bool = False
-    # issue dV += P^T dO as soon as P^T is formed, before the wait for dP^T: the exponentials
-    # then have to be done before the dV issue, so they run while the tensor cores still
-    # compute dP^T (ptxas otherwise waits for dP^T after a few of them and interleaves the
-    # rest with dS), and dV runs under dS. Not with softcap (it waits for dP^T first) or
-    # dkv_swap_ab (P goes through smem)
-    dv_early: bool = False
-    # dv_early's dS^T = P^T (dP^T - D) from the 16-bit P^T (dV's operand) instead of the fp32
-    # one: 40 fewer live registers at D = 128
-    ds_p16: bool = False
 
     def __post_init__(self):
-        if self.dv_early and self.dkv_swap_ab:
-            raise ValueError("dv_early issues dV from P^T's registers: no dkv_swap_ab")
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
             raise ValueError(
                 "s_under_dk is built for the dK / dV register tiles in one loop: no dkv_swap_ab"
