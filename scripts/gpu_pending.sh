@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `softcap96 sdk_ab`: the
-# fifty-fifth session put D=96 under softcap on its own columns after its causal sweep cases
-# alone (`softcap96` runs its other backward tests); the fifty-fourth session measured
-# BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so
-# their A/B (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
-# (`bwd_sweep`, `bwd_rest`) are owed on an H200. The forward sweep has passed whole on H200s
-# (forty-eighth and fifty-second sessions) and the other forward GPU tests on H100s (`fwd_rest`
-# from 77 still owed on an H200); the backward sweep passed whole on an H100 in the
-# fifty-third session (479 passed, its one strict xfail).
+# installed there), by steps; the default is what is still pending, `sdk_ab`: the
+# fifty-fourth session measured BwdTileConfig.s_under_dk and the wider short-rows bucket on
+# H100s only, so their A/B (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests
+# they touch (`bwd_touched`) are owed on an H200 (the fifty-sixth session ran `softcap96` and
+# `bwd_bench` on an H100). The forward sweep has passed whole on H200s (forty-eighth and
+# fifty-second sessions) and the other forward GPU tests on H100s (`fwd_rest` from 77 still
+# owed on an H200); the backward sweep passed whole on an H100 in the fifty-third session
+# (479 passed, its one strict xfail).
 # Each step has its own time limit, so a slow one cannot starve the rest; full logs and JSON
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
@@ -33,8 +32,10 @@
 #   bwd_touched the backward GPU tests s_under_dk and the short-rows bucket touch (262: the
 #               sweep's unmasked cases, its causal ones at D <= 128, short rows, group_heads,
 #               lse gradient, CUDA graphs, torch.compile), under a 560 s limit
-#   softcap96   the backward tests of D=96 under softcap on its own columns not yet run on it
-#               (varlen softcap sweep cases, group_heads), under a 400 s limit
+#   softcap96   the backward tests of D=96 under softcap on its own columns that the
+#               fifty-fifth session's sweep run did not cover (varlen softcap sweep cases,
+#               group_heads: 53, passed on an H100 in the fifty-sixth session), under a 400 s
+#               limit
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -72,7 +73,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(softcap96 sdk_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(sdk_ab)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
