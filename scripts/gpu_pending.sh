@@ -120,13 +120,6 @@ for step in "${steps[@]}"; do
           --variant det=deterministic=1,s_under_dk=False \
           --variant det_sdk=deterministic=1,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
-    dqred_ab)
-      # BwdTileConfig.dq_red (dQ^T added from the consumers' registers with 16-byte reds, no
-      # smem staging or writer warp) against the table, on the dq_flat tiles
-      timeout 400 python3 scripts/tune_bwd_sm90.py --reps 30 \
-          --shapes d128-4k,d128-16k,d128-4k-causal,d128-16k-causal,d96-4k,d96-16k-causal,d64-4k,d64-16k \
-          --variant base= --variant red=dq_red=True \
-          --out "$OUT/tune_bwd_dq_red_$gpu.json" > "$OUT/tune_bwd_dq_red.log" 2>&1 ;;
     sdk_rows)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
@@ -236,7 +229,6 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
-    dqred_ab) grep -A20 "^shape" "$OUT/tune_bwd_dq_red.log"; grep -i error "$OUT/tune_bwd_dq_red.log" | cut -c1-300 ;;
     host_varlen) tail -8 "$OUT/host_overhead_varlen.log" ;;
     host) tail -12 "$OUT/host_overhead_tiny.log"; tail -12 "$OUT/compile_time.log" ;;
   esac

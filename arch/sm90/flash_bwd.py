@@ -106,7 +106,7 @@ from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, tr
 from ..common.mask import TileMask, apply_softcap
 from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
-from .primitives import gemm, red_add_f32x4, smem_layout, tma_pipeline, tma_tiles
+from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
 
 DQ_SWIZZLE_ATOMS = {
@@ -242,10 +242,6 @@ class FlashBwdSm90:
         self.swap_dq = cfg.dq_swap_ab
         # dQ^T staged in register order (BwdTileConfig.dq_flat, arch/common/dq_flat.py)
         self.flat = cfg.dq_flat_tile()
-        # dQ^T added from the consumers' registers (BwdTileConfig.dq_red): no writer warp
-        self.dq_red = cfg.dq_red
-        if self.dq_red and self.deterministic:
-            raise ValueError("dq_red adds in arrival order: not in the deterministic order")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
@@ -510,7 +506,7 @@ class FlashBwdSm90:
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, tma_atom_dQ, tma_dQ,
-            tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum, mSem, mdQacc,
+            tma_atom_LSE, tma_LSE, tma_atom_Dsum, tma_Dsum, mSem,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sdQ_layout,
             sdK_layout, sLSE_layout, sDsum_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
@@ -550,7 +546,6 @@ class FlashBwdSm90:
         tma_atom_Dsum: cute.CopyAtom,
         mDsum: cute.Tensor,
         mSem: cute.Tensor,
-        mdQacc_g: cute.Tensor,  # the accumulator itself (dq_red adds into it)
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -647,7 +642,7 @@ class FlashBwdSm90:
                         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                         seq, row_off, n_block, head, m_min, m_max,
                     )  # fmt: skip
-                if warp_idx == roles.dq_warp and not self.dq_red:
+                if warp_idx == roles.dq_warp:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
                         m_min, m_max,
@@ -659,7 +654,7 @@ class FlashBwdSm90:
                     tma_atom_dK, mdK, tma_atom_dV, mdV,
                     sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                     mask, seq, n_block, head, m_min, m_max,
-                    softmax_scale_log2, score_premul, softmax_scale, mdQacc_g, row_off,
+                    softmax_scale_log2, score_premul, softmax_scale,
                 )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
@@ -873,8 +868,6 @@ class FlashBwdSm90:
         softmax_scale_log2: Float32,
         score_premul: Float32,
         softmax_scale: Float32,
-        mdQacc: cute.Tensor,
-        row_off: Int32,
     ):
         roles = self.roles
         tm, tn = self.tile_m, self.tile_n
@@ -1133,20 +1126,13 @@ class FlashBwdSm90:
                             )  # fmt: skip
                         warpgroup.wait_group(1)  # dV and dQ done
                         pipe_do.consumer_release(state_do)
-                        if cutlass.const_expr(self.dq_red):
-                            # ---- add the dQ partial into the accumulator from registers
-                            self._dq_red(
-                                acc_dq, mdQacc, tiled_mma_dq_part, thr_dq, tidx, wg, seq,
-                                head * self.heads_per_cta + _g, row_off, m_block,
-                            )  # fmt: skip
-                        else:
-                            # ---- hand the dQ partial to the writer warp
-                            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
-                            tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
-                            cute.arch.fence_view_async_shared()
-                            cute.arch.barrier_arrive(
-                                barrier_id=bar_dq_full, number_of_threads=dq_threads
-                            )
+                        # ---- hand the dQ partial to the writer warp
+                        cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+                        tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
+                        cute.arch.fence_view_async_shared()
+                        cute.arch.barrier_arrive(
+                            barrier_id=bar_dq_full, number_of_threads=dq_threads
+                        )
                         if cutlass.const_expr(s_ahead):
                             if tiles_left > 0:
                                 # the next tile's S^T queues behind this tile's dK
@@ -1182,9 +1168,7 @@ class FlashBwdSm90:
         # balance the writer's last arrive on dq_empty (it also means the last reduce read
         # sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half
         # buffer that arrive is the first warpgroup's
-        if cutlass.const_expr(self.dq_red):
-            pass  # no writer
-        elif cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
+        if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
             if wg == 0:
                 cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         else:
@@ -1342,42 +1326,6 @@ class FlashBwdSm90:
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return r_p
-
-    @cute.jit
-    def _dq_red(
-        self,
-        acc_dq: cute.Tensor,
-        mdQacc: cute.Tensor,
-        tiled_mma_dq_part: cute.TiledMma,
-        thr_dq: cute.core.ThrMma,
-        tidx: Int32,
-        wg: Int32,
-        seq: SeqInfo,
-        head_q: Int32,
-        row_off: Int32,
-        m_block: Int32,
-    ):
-        """Add this thread's dQ^T blocks of query tile m_block into the flat fp32 accumulator
-        (dq_red): one 16-byte `red` per 2 x 2 block, at the place the writer's reduce-add
-        would put it (arch/common/dq_flat.py)."""
-        parts = 2 if cutlass.const_expr(self.dq_halves) else 1
-        unit = (row_off // self.tile_m + m_block) * parts
-        if cutlass.const_expr(self.dq_halves):
-            unit = unit + wg
-        slab = mdQacc[None, None, head_q, seq.q_batch]
-        shape, stride = self.flat.part_layout()
-        g_part = cute.make_tensor(
-            slab.iterator + unit * self.flat.part_elems, cute.make_layout(shape, stride=stride)
-        )
-        if cutlass.const_expr(self.dq_halves):
-            t_g = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(g_part)
-        else:
-            t_g = thr_dq.partition_C(g_part)
-        for k in cutlass.range_constexpr(cute.size(acc_dq) // 4):
-            ptr = t_g.iterator + cute.crd2idx(4 * k, t_g.layout)
-            red_add_f32x4(
-                ptr, acc_dq[4 * k], acc_dq[4 * k + 1], acc_dq[4 * k + 2], acc_dq[4 * k + 3]
-            )
 
     @cute.jit
     def _dq_add(

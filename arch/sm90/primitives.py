@@ -164,23 +164,6 @@ def load_dsmem_f32(address: Int32, offset: int, *, loc=None, ip=None) -> Float32
     )
 
 
-@dsl_user_op
-def red_add_f32x4(
-    ptr: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None
-) -> None:
-    """Add four fp32 values to the 16-byte-aligned global `ptr` (relaxed `red`, no result)."""
-    vals = [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
-    llvm.inline_asm(
-        None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(), *vals],
-        "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
-        "l,f,f,f,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
 __all__ = [
     "smem_layout",
     "tma_tiles",
@@ -190,5 +173,4 @@ __all__ = [
     "arrive_after",
     "dsmem_address",
     "load_dsmem_f32",
-    "red_add_f32x4",
 ]

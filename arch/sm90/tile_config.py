@@ -822,15 +822,8 @@ class BwdTileConfig:
     # across the loop's back edge and dQ^T accumulates in it (FlashBwdSm90.mma); built for
     # the dK / dV register tiles walked in one loop (not dkv_swap_ab, not split_mask_loops)
     s_under_dk: bool = False
-    # dq_flat tiles: each consumer thread adds its dQ^T blocks straight into the fp32
-    # accumulator with 16-byte `red.global.add.v4.f32` (a warp's 512 contiguous bytes, the
-    # flat tile's order), instead of staging them in smem for the writer warp's TMA
-    # reduce-add: no smem traffic, handoff barriers or proxy fence for dQ
-    dq_red: bool = False
 
     def __post_init__(self):
-        if self.dq_red and not self.dq_flat:
-            raise ValueError("dq_red adds the flat tile's 16-byte blocks: needs dq_flat")
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
             raise ValueError(
                 "s_under_dk is built for the dK / dV register tiles in one loop: no dkv_swap_ab"
