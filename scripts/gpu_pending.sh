@@ -120,6 +120,15 @@ for step in "${steps[@]}"; do
           --variant det=deterministic=1,s_under_dk=False \
           --variant det_sdk=deterministic=1,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
+    order_ab)
+      # does an impl's place in the bench's rounds move its time? The D=128 backward rows
+      # with cute_attn first / FA4 first (no cuDNN), then each alone
+      for o in "cute_attn fa4" "fa4 cute_attn" "cute_attn" "fa4"; do
+        tag=$(echo $o | tr ' ' '_')
+        timeout 150 python3 -m cute_attn bench --preset bwd --filter d128 --impls $o \
+            --reps 20 --no-check --no-plot --out "$OUT/bench_bwd_order_${tag}_$gpu.json" \
+            > "$OUT/bench_bwd_order_$tag.log" 2>&1
+      done ;;
     sdk_rows)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
@@ -229,6 +238,7 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
+    order_ab) for f in "$OUT"/bench_bwd_order_*.log; do echo "== $f"; grep -E "^bwd" "$f"; done ;;
     host_varlen) tail -8 "$OUT/host_overhead_varlen.log" ;;
     host) tail -12 "$OUT/host_overhead_tiny.log"; tail -12 "$OUT/compile_time.log" ;;
   esac
