@@ -129,6 +129,9 @@ class BwdAuxKey(KernelKey):
     # arch/common/dq_flat.DqFlatTile), or () for a (row, dim) accumulator: the preprocess
     # clears its whole tiles, the postprocess reads them back
     dq_flat: tuple[int, ...] = ()
+    # postprocess: launched as the main kernel's programmatic dependent, waiting for each
+    # (batch, head)'s main CTAs (BwdTileConfig.post_overlap)
+    wait_done: bool = False
 
 
 @compiled_cache("sm90_bwd_aux", exportable=True)
@@ -143,17 +146,24 @@ def build_bwd_aux(key: BwdAuxKey):
             dq_flat_dim=flat_dim,
         )  # fmt: skip
     return c.compile_bwd_postprocess(
-        key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat
-    )
+        key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat,
+        wait_done=key.wait_done,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
 def _aux_keys(
-    arch: str, dtype: str, d: int, dv: int, varlen_tile_m: int = 0, dq_flat: tuple = ()
+    arch: str,
+    dtype: str,
+    d: int,
+    dv: int,
+    varlen_tile_m: int = 0,
+    dq_flat: tuple = (),
+    wait_done: bool = False,
 ) -> tuple[BwdAuxKey, BwdAuxKey]:
     return (
         BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m, dq_flat),
-        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat),
+        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat, wait_done),
     )
 
 
@@ -245,7 +255,9 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
     key = key or runtime_bwd_key(p, b, sk)
     cfg = BwdTileConfig(*key.tile)
-    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg))
+    pre_key, post_key = _aux_keys(
+        key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg), cfg.post_overlap
+    )
     dout, out = _tma_ready(dout), _tma_ready(out)
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -260,8 +272,13 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     # kernel never reads it, so a tiny uninitialized tensor (no fill launch) stands in
     if p.deterministic:
         sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
+    elif cfg.post_overlap:
+        # post_overlap: each (batch, head)'s count of main CTAs whose dQ adds landed
+        sem = torch.zeros((b, h, 1), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
+    # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head)
+    done = (sem, -(-sk // cfg.tile_n)) if cfg.post_overlap else (None, 0)
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
 
     def dlse_into_dsum():
@@ -271,7 +288,7 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
         q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc, None, sq),
         main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
                None),
-        post, (dq_acc, dq, p.softmax_scale, None, sq),
+        post, (dq_acc, dq, p.softmax_scale, None, sq, *done),
         None if dlse is None else dlse_into_dsum,
     )  # fmt: skip
     return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)
@@ -344,7 +361,7 @@ def run_bwd_varlen(
                  p.seqlen_q),
         main, (q1, k1, v1, do1, lse_log2, dsum, dq_acc, dk_h.unsqueeze(0), dv_h.unsqueeze(0),
                sem, *_scalars(p), p.seqlen_k, cu_seqlens_q, cu_seqlens_k),
-        post, (dq_acc, dq.unsqueeze(0), p.softmax_scale, cu_seqlens_q, p.seqlen_q),
+        post, (dq_acc, dq.unsqueeze(0), p.softmax_scale, cu_seqlens_q, p.seqlen_q, None, 0),
         None if dlse is None else dlse_into_dsum,
     )  # fmt: skip
     return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)

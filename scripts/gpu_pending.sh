@@ -120,6 +120,18 @@ for step in "${steps[@]}"; do
           --variant det=deterministic=1,s_under_dk=False \
           --variant det_sdk=deterministic=1,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_det_$gpu.json" > "$OUT/tune_bwd_sdk_det.log" 2>&1 ;;
+    postov_ab)
+      # BwdTileConfig.post_overlap (the postprocess as the main kernel's programmatic
+      # dependent, converting each head once its main CTAs are done) against the table
+      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d128-4k,d128-16k,d128-4k-causal,d128-16k-causal,d96-4k,d96-16k-causal,d64-4k \
+          --variant base= --variant post=post_overlap=True \
+          --out "$OUT/tune_bwd_post_overlap_$gpu.json" > "$OUT/tune_bwd_post_overlap.log" 2>&1
+      timeout 120 python3 scripts/tune_bwd_sm90.py --reps 30 --shapes d96-4k-causal \
+          --variant short=tile_m=64,dq_flat=False,s_under_dk=True \
+          --variant short_post=tile_m=64,dq_flat=False,s_under_dk=True,post_overlap=True \
+          --out "$OUT/tune_bwd_post_overlap_short_$gpu.json" \
+          > "$OUT/tune_bwd_post_overlap_short.log" 2>&1 ;;
     order_ab)
       # does an impl's place in the bench's rounds move its time? The D=128 backward rows
       # with cute_attn first / FA4 first (no cuDNN), then each alone
@@ -238,6 +250,8 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
+    postov_ab) for f in tune_bwd_post_overlap tune_bwd_post_overlap_short; do
+        grep -A16 "^shape" "$OUT/$f.log"; grep -i error "$OUT/$f.log" | cut -c1-300; done ;;
     order_ab) for f in "$OUT"/bench_bwd_order_*.log; do echo "== $f"; grep -E "^bwd" "$f"; done ;;
     host_varlen) tail -8 "$OUT/host_overhead_varlen.log" ;;
     host) tail -12 "$OUT/host_overhead_tiny.log"; tail -12 "$OUT/compile_time.log" ;;

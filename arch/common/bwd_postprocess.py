@@ -39,16 +39,22 @@ class BwdPostprocess:
         head_dim: int,
         varlen_tile_m: int = 0,
         flat: DqFlatTile | None = None,
+        wait_done: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.varlen_tile_m = varlen_tile_m  # > 0: packed (see the module docstring)
         self.flat = flat  # the main kernel's register-order tile, or None (row order)
+        # launched as the main kernel's programmatic dependent (BwdTileConfig.post_overlap):
+        # each CTA first waits until its (batch, head) done count reaches done_target
+        self.wait_done = wait_done
         self._setup_attributes()
 
     def _setup_attributes(self):
         if self.head_dim % 8:
             raise ValueError("head_dim must be a multiple of 8 (16-byte vectors)")
+        if self.wait_done and self.varlen_tile_m:
+            raise ValueError("wait_done counts the dense grid's CTAs per (batch, head)")
         # 4-element runs: row_threads counts 16-bit elements in 16-byte vectors, so twice the
         # head dim
         self.threads_per_row = row_threads(2 * self.head_dim, 32)
@@ -73,6 +79,8 @@ class BwdPostprocess:
         softmax_scale: Float32,
         mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
         max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
+        mDone: cute.Tensor | None,  # wait_done: (b, h, x) int32, the count at [b, h, 0]
+        done_target: Int32,  # wait_done: the main CTAs of each (batch, head)
         stream: cuda.CUstream,
     ):
         rows, num_batch = mdQ.shape[1], cute.size(mdQ.shape[0])
@@ -80,9 +88,21 @@ class BwdPostprocess:
             rows, num_batch = max_seqlen_q, mCuSeqlensQ.shape[0] - 1
         grid = (cute.ceil_div(rows, self.rows_per_cta), cute.size(mdQ.shape[2]), num_batch)
         kernel = self.kernel if cutlass.const_expr(self.flat is None) else self.kernel_flat
-        kernel(mdQacc, mdQ, softmax_scale, mCuSeqlensQ).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
+        kernel(mdQacc, mdQ, softmax_scale, mCuSeqlensQ, mDone, done_target).launch(
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.wait_done
         )
+
+    @cute.jit
+    def _wait_done(self, mDone: cute.Tensor | None, done_target: Int32, head: Int32, batch):
+        """wait_done: block until every main CTA of (batch, head) has counted its dQ adds
+        done (release after the adds landed; this acquire makes them visible)."""
+        if cutlass.const_expr(self.wait_done):
+            if cute.arch.thread_idx()[0] == 0:
+                ptr = mDone.iterator + cute.crd2idx((batch, head, 0), mDone.layout)
+                seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+                while seen < done_target:
+                    seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+            cute.arch.sync_threads()
 
     @cute.kernel
     def kernel(
@@ -91,9 +111,12 @@ class BwdPostprocess:
         mdQ: cute.Tensor,
         softmax_scale: Float32,
         mCuSeqlensQ: cute.Tensor | None,
+        mDone: cute.Tensor | None,
+        done_target: Int32,
     ):
         tidx = cute.arch.thread_idx()[0]
         row_block, head, batch = cute.arch.block_idx()
+        self._wait_done(mDone, done_target, head, batch)
         lane = tidx % self.threads_per_row
         row = row_block * self.rows_per_cta + tidx // self.threads_per_row
         b, start, pad, seqlen = batch, Int32(0), Int32(0), mdQ.shape[1]
@@ -116,11 +139,14 @@ class BwdPostprocess:
         mdQ: cute.Tensor,
         softmax_scale: Float32,
         mCuSeqlensQ: cute.Tensor | None,
+        mDone: cute.Tensor | None,
+        done_target: Int32,
     ):
         tile = self.flat
         tm = tile.tile_m
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
+        self._wait_done(mDone, done_target, head, batch)
         b, start, pad, seqlen = batch, Int32(0), Int32(0), mdQ.shape[1]
         if cutlass.const_expr(self.varlen_tile_m > 0):
             b = Int32(0)

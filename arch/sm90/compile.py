@@ -207,10 +207,12 @@ def compile_bwd_postprocess(
     jit_engine: bool = True,
     varlen_tile_m: int = 0,
     dq_flat: tuple[int, int, int] = (),
+    wait_done: bool = False,
 ):
-    """TVM-FFI function (dq_accum, dq, softmax_scale, cu_seqlens_q, max_seqlen_q); see
-    BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess; dq_flat: the main kernel's
-    DqFlatTile fields, whose accumulator rows are padded to whole tiles)."""
+    """TVM-FFI function (dq_accum, dq, softmax_scale, cu_seqlens_q, max_seqlen_q, done,
+    done_target); see BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess; dq_flat:
+    the main kernel's DqFlatTile fields, whose accumulator rows are padded to whole tiles;
+    wait_done: done is the main kernel's (batch, heads, x) int32 sem, else None)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     flat = DqFlatTile(*dq_flat) if dq_flat else None
@@ -219,10 +221,16 @@ def compile_bwd_postprocess(
     dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, sq_pad if padded else sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
+    done = None
+    if wait_done:
+        done = cute.runtime.make_fake_compact_tensor(
+            cutlass.Int32, (b, h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4
+        )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat), dq_acc, dq, cutlass.Float32(1.0), cu,
-        cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
+        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat, wait_done), dq_acc, dq,
+        cutlass.Float32(1.0), cu, cutlass.Int32(1), done, cutlass.Int32(1), stream,
+        options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 

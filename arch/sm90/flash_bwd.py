@@ -242,6 +242,9 @@ class FlashBwdSm90:
         self.swap_dq = cfg.dq_swap_ab
         # dQ^T staged in register order (BwdTileConfig.dq_flat, arch/common/dq_flat.py)
         self.flat = cfg.dq_flat_tile()
+        self.post_overlap = cfg.post_overlap
+        if self.post_overlap and (self.deterministic or self.varlen):
+            raise ValueError("post_overlap counts CTAs in sem: dense, not deterministic")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
@@ -628,6 +631,10 @@ class FlashBwdSm90:
         m_min, m_max = mask.m_block_range(n_block)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        if cutlass.const_expr(self.post_overlap):
+            # the postprocess may start once every CTA got here: its CTAs wait for their
+            # head's done count (dq_writer), so they only take SMs the grid has left
+            cute.arch.griddepcontrol_launch_dependents()
 
         # a packed batch's grid is sized by its longest key sequence: tiles past this one's
         # end have nothing to do, not even zeros to store (every role leaves together)
@@ -832,6 +839,12 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(
                         barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
                     )
+            if cutlass.const_expr(self.post_overlap):
+                # this CTA's adds into head_q have landed: count it done for the postprocess
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_proxy("async.global")
+                if lane == 0:
+                    cute.arch.atomic_add(sem_bh.iterator, Int32(1), sem="release", scope="gpu")
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit

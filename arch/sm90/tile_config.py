@@ -822,6 +822,12 @@ class BwdTileConfig:
     # across the loop's back edge and dQ^T accumulates in it (FlashBwdSm90.mma); built for
     # the dK / dV register tiles walked in one loop (not dkv_swap_ab, not split_mask_loops)
     s_under_dk: bool = False
+    # the postprocess (dQ to 16 bits) launched as a programmatic dependent of the main
+    # kernel: each main CTA allows it to start at once (griddepcontrol.launch_dependents) and
+    # counts itself done per query head once its dQ adds have landed; a postprocess CTA waits
+    # for its head's count, so it converts on the SMs the main grid's last wave leaves idle
+    # instead of after the whole grid. Dense, not deterministic (sem holds the turns there)
+    post_overlap: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
