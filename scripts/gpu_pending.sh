@@ -132,6 +132,16 @@ for step in "${steps[@]}"; do
           --variant short_post=tile_m=64,dq_flat=False,s_under_dk=True,post_overlap=True \
           --out "$OUT/tune_bwd_post_overlap_short_$gpu.json" \
           > "$OUT/tune_bwd_post_overlap_short.log" 2>&1 ;;
+    postov_check)
+      # post_overlap in the table: its A/B again at D=128 4k / 16k, then the backward tests
+      # it touches most (the sweep's bf16 cases at D <= 128 in every mode, group_heads, lse
+      # gradient, CUDA graphs, torch.compile)
+      timeout 120 python3 scripts/tune_bwd_sm90.py --reps 40 --shapes d128-16k,d128-4k \
+          --variant off=post_overlap=False --variant on=post_overlap=True \
+          --out "$OUT/tune_bwd_post_overlap_b_$gpu.json" > "$OUT/tune_bwd_post_overlap_b.log" 2>&1
+      gpu_tests 280 gpu_tests_post_overlap.log tests/test_bwd_sm90.py -k "(sweep and \
+          (64-64-dtype0 or 96-96-dtype0 or 128-128-dtype0)) or group_heads or lse or \
+          cuda_graph or torch_compile" ;;
     order_ab)
       # does an impl's place in the bench's rounds move its time? The D=128 backward rows
       # with cute_attn first / FA4 first (no cuDNN), then each alone
@@ -250,6 +260,8 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
+    postov_check) grep -A6 "^shape" "$OUT/tune_bwd_post_overlap_b.log"
+      tail -6 "$OUT/gpu_tests_post_overlap.log" ;;
     postov_ab) for f in tune_bwd_post_overlap tune_bwd_post_overlap_short; do
         grep -A16 "^shape" "$OUT/$f.log"; grep -i error "$OUT/$f.log" | cut -c1-300; done ;;
     order_ab) for f in "$OUT"/bench_bwd_order_*.log; do echo "== $f"; grep -E "^bwd" "$f"; done ;;

@@ -1088,6 +1088,15 @@ def bwd_tile_config(
         (short and head_dim in (96, 128)) or (head_dim == 128 and not causal)
     ):
         cfg = dataclasses.replace(cfg, s_under_dk=True)
+    # post_overlap (the postprocess converts each (batch, head) once its main CTAs are done,
+    # on the SMs the main grid's last wave leaves idle). Round-robin on an H100, TFLOP/s,
+    # table / post_overlap (tune_bwd_post_overlap_s56_h100.json; same gradients): D=128 4k
+    # 579.5 / 589.6, 4k causal 504.2 / 510.9, 16k 628.4 / 621.3, 16k causal 615.6 / 618.2;
+    # D=96 4k 515.1 / 527.2, 16k causal 533.0 / 537.5, 4k causal (short rows) 459.7 / 471.3;
+    # D=64 4k 521.0 / 530.6. Dense, not deterministic (its turn counters use sem), head dims
+    # up to 128 (not measured past them)
+    if not (deterministic or varlen) and head_dim <= 128:
+        cfg = dataclasses.replace(cfg, post_overlap=True)
     return cfg
 
 
