@@ -544,6 +544,49 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         assert v["waits"] <= 6, r
 
 
+_POST_OVERLAP_SNIPPET = r"""
+import json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd, compile_bwd_postprocess
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+def keep():
+    return f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
+out = {}
+for det in (False, True):
+    cfg = bwd_tile_config(128, 128, False, False, deterministic=det)
+    spec = BwdSpec("bfloat16", 128, 128, 8, 8, det, False, False, cfg)
+    sass = _sass(compile_bwd(spec, keep()).__cubin__)
+    out["det" if det else "main"] = {
+        "sass": bool(sass), "on": cfg.post_overlap,
+        "spills": sass.count("STL") + sass.count("LDL"), "trigger": sass.count("PREEXIT"),
+        "count": len(re.findall(r"REDG\.E\.ADD\.STRONG\.GPU", sass)),
+    }
+flat = bwd_tile_config(128, 128, False, False).dq_flat_tile()
+fields = (flat.tile_m, flat.parts, flat.groups)
+sass = _sass(compile_bwd_postprocess("bfloat16", 128, keep(), dq_flat=fields,
+                                     wait_done=True).__cubin__)
+out["post"] = {"poll": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
+               "sleep": sass.count("NANOSLEEP")}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_post_overlap_reaches_both_kernels(tmp_path):
+    # post_overlap (the table's choice at D=128 unmasked): the main kernel lets its dependent
+    # launch (griddepcontrol.launch_dependents, SASS PREEXIT) and counts each CTA done with one
+    # release add, spill-free; the deterministic variant does neither; the waiting
+    # postprocess polls its count with strong loads and backs off between them
+    r = run_json_snippet(_POST_OVERLAP_SNIPPET, tmp_path, timeout=900)
+    if not r["main"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert r["main"]["on"] and r["main"]["trigger"] == 1 and r["main"]["spills"] == 0, r
+    assert r["main"]["count"] >= 1, r
+    assert not r["det"]["on"] and r["det"]["trigger"] == 0, r
+    assert r["post"]["poll"] >= 1 and r["post"]["sleep"] >= 1, r
+
+
 _SOFTCAP_D96_SNIPPET = r"""  # run after HGMMA_SHAPES
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"

@@ -571,6 +571,26 @@ def test_bwd_s_under_dk_where_measured():
         BwdTileConfig(tile_m=128, split_mask_loops=True, s_under_dk=True)
 
 
+def test_bwd_post_overlap_where_measured():
+    # the postprocess under the main grid's last wave: on for dense calls that are not
+    # deterministic at D <= 128 in every mask mode and tile (+0.8-2.5% from 4k, even at 16k,
+    # tune_bwd_post_overlap*_s56_h100.json); off in the deterministic order (sem holds its
+    # turns), for packed sequences (counts per dense (batch, head)) and past D = 128 (not
+    # measured)
+    from cute_attn.arch.sm90.tile_config import bwd_tile_config
+
+    flags = ("causal", "local", "softcap", "group_heads", "short")
+    for d in (64, 96, 128):
+        for on in itertools.product((False, True), repeat=len(flags)):
+            kw = dict(zip(flags, on))
+            assert bwd_tile_config(d, d, **kw).post_overlap, (d, kw)
+            assert not bwd_tile_config(d, d, **kw, deterministic=True).post_overlap, (d, kw)
+            assert not bwd_tile_config(d, d, **kw, varlen=True).post_overlap, (d, kw)
+    for d, dv in ((192, 192), (192, 128), (256, 256)):
+        for causal in (False, True):
+            assert not bwd_tile_config(d, dv, causal, False).post_overlap
+
+
 def test_bwd_dq_staging_where_measured():
     # D=96 / 128: 80 query rows (96 at D=96) with dQ^T = K^T dS^T, whose 32-bit staging
     # stores are conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,
