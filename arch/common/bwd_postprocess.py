@@ -16,6 +16,12 @@ holds its elements in the main kernel's register order. A CTA per tile then load
 with 16-byte loads in that order, puts each element at its (row, dim) place in a 16-bit smem
 tile, and stores the tile's rows with 16-byte stores.
 
+Waiting for the main grid (`wait_done`, BwdTileConfig.post_overlap; dense only): the kernel
+is launched as the main kernel's programmatic dependent, so its CTAs may start while the main
+grid's last wave runs. Each first waits (thread 0 polls with acquire loads, then a CTA
+barrier) until its (batch, head)'s count in `done` reaches `done_target`. Each main CTA adds
+1 there once its dQ adds into that head have landed.
+
 Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contiguous.
 """
 
