@@ -1093,8 +1093,10 @@ def bwd_tile_config(
     # table / post_overlap (tune_bwd_post_overlap_s56_h100.json; same gradients): D=128 4k
     # 579.5 / 589.6, 4k causal 504.2 / 510.9, 16k 628.4 / 621.3, 16k causal 615.6 / 618.2;
     # D=96 4k 515.1 / 527.2, 16k causal 533.0 / 537.5, 4k causal (short rows) 459.7 / 471.3;
-    # D=64 4k 521.0 / 530.6. Dense, not deterministic (its turn counters use sem), head dims
-    # up to 128 (not measured past them)
+    # D=64 4k 521.0 / 530.6; again with the postprocess's 512 ns back-off
+    # (tune_bwd_post_overlap_b_s56_h100.json): D=128 16k 629.4 / 628.5, 4k 567.7 / 574.1.
+    # Dense, not deterministic (its turn counters use sem), head dims up to 128 (not
+    # measured past them)
     if not (deterministic or varlen) and head_dim <= 128:
         cfg = dataclasses.replace(cfg, post_overlap=True)
     return cfg
