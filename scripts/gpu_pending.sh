@@ -134,8 +134,9 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_post_overlap_short_$gpu.json" \
           > "$OUT/tune_bwd_post_overlap_short.log" 2>&1 ;;
     postov_rest)
-      # the post_overlap tests postov_check did not reach before its limit (group_heads, lse
-      # gradient, deterministic group_heads, torch.compile, CUDA graphs: 24)
+      # the post_overlap tests postov_check did not reach before its limit (24: group_heads,
+      # lse gradient, deterministic group_heads, torch.compile, CUDA graphs), in a selection
+      # of 58 that also has the other lse and group_heads tests of the file
       gpu_tests 300 gpu_tests_post_overlap_rest.log tests/test_bwd_sm90.py -k "group_heads or \
           lse or deterministic_bitwise_over or torch_compile or cuda_graph" ;;
     postov_check)
