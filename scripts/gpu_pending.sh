@@ -136,9 +136,11 @@ for step in "${steps[@]}"; do
     postov_rest)
       # the post_overlap tests postov_check did not reach before its limit (24: group_heads,
       # lse gradient, deterministic group_heads, torch.compile, CUDA graphs), in a selection
-      # of 58 that also has the other lse and group_heads tests of the file
+      # of 31 that also has the three group_heads cases it ran and the other deterministic
+      # ones ("lse" alone would match every "False" in a test id)
       gpu_tests 300 gpu_tests_post_overlap_rest.log tests/test_bwd_sm90.py -k "group_heads or \
-          lse or deterministic_bitwise_over or torch_compile or cuda_graph" ;;
+          lse_gradient or only_lse or deterministic_bitwise_over or torch_compile or \
+          cuda_graph" ;;
     postov_check)
       # post_overlap in the table: its A/B again at D=128 4k / 16k, then the backward tests
       # it touches most (the sweep's bf16 cases at D <= 128 in every mode, group_heads, lse
