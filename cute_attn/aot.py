@@ -387,14 +387,19 @@ def _aux_jobs(arch, head_dims, dtypes):
         # the packed forms pad each sequence to the main kernel's tile_m (run_bwd_varlen),
         # and a register-order dQ tile (dq_flat) has a postprocess of its own; the table
         # picks both from (causal, local, softcap, deterministic, group_heads, varlen, short)
-        # (and post_overlap a postprocess that waits for the main grid's done counts)
+        # (and post_overlap a postprocess that waits for the main grid's done counts, pre_overlap
+        # a persistent preprocess that counts ready rows; the lse gradient's preprocess builds
+        # at its first call)
         forms = set()
         for flags in itertools.product((False, True), repeat=7):
             cfg = bwd_tile_config(d, dv, *flags)
-            forms.add((cfg.tile_m if flags[5] else 0, _flat_fields(cfg), cfg.post_overlap))
+            forms.add(
+                (cfg.tile_m if flags[5] else 0, _flat_fields(cfg), cfg.post_overlap,
+                 cfg.pre_overlap)
+            )  # fmt: skip
         keys = {}
-        for tm, flat, wait in sorted(forms):
-            for key in _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm, flat, wait):
+        for tm, flat, wait, persistent in sorted(forms):
+            for key in _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm, flat, wait, persistent):
                 keys[key] = tm
         for key, tm in keys.items():
             form = f"varlen tile_m {tm}" if tm else "dense"
@@ -402,6 +407,8 @@ def _aux_jobs(arch, head_dims, dtypes):
                 form += " dq_flat " + "x".join(map(str, key.dq_flat))
             if key.wait_done:
                 form += " wait_done"
+            if key.persistent:
+                form += " persistent"
             # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
             yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", key, build_bwd_aux, (
                 "LDG.E.128",)  # fmt: skip

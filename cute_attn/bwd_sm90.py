@@ -4,8 +4,9 @@ The kernels (torch-free) are cute_attn.arch.sm90.flash_bwd and the two small CuT
 around it, all on the caller's stream:
   * preprocess (arch/common/bwd_preprocess.py): lse_log2 = lse * log2(e) (+inf for empty rows
     and for the padding up to a multiple of tile_m, so P = 0 there without a bounds check),
-    D = rowsum(dO * O) in fp32, the fp32 dQ accumulator zeroed; an lse gradient is then
-    subtracted from D here (D = rowsum(dO * O) - dlse);
+    D = rowsum(dO * O) in fp32 (minus the lse gradient when lse is used downstream), the
+    fp32 dQ accumulator zeroed. Under the tile's pre_overlap (dense) it is a persistent grid of
+    a few CTAs that the main kernel runs beside, waiting per query head for its rows;
   * postprocess (arch/common/bwd_postprocess.py): dQ = accumulator * softmax_scale in the
     input dtype. The accumulator is (batch, rows, heads, dim), or under the tile's dq_flat
     (batch, heads, rows padded to whole tiles, dQ^T's head-dim rows) with each tile in the
@@ -37,6 +38,7 @@ from . import dispatch, reference
 from .arch.common.dq_flat import DqFlatTile
 from .arch.sm90.tile_config import (
     BWD_HEAD_DIMS,
+    BWD_PRE_CTAS,
     BwdTileConfig,
     bwd_group_heads,
     bwd_short_rows,
@@ -132,6 +134,11 @@ class BwdAuxKey(KernelKey):
     # postprocess: launched as the main kernel's programmatic dependent, waiting for each
     # (batch, head)'s main CTAs (BwdTileConfig.post_overlap)
     wait_done: bool = False
+    # preprocess: the lse gradient is subtracted from D
+    dlse: bool = False
+    # preprocess: a persistent grid under the main kernel, counting ready rows
+    # (BwdTileConfig.pre_overlap)
+    persistent: bool = False
 
 
 @compiled_cache("sm90_bwd_aux", exportable=True)
@@ -143,7 +150,7 @@ def build_bwd_aux(key: BwdAuxKey):
         flat_dim = DqFlatTile(*key.dq_flat).head_dim if key.dq_flat else 0
         return c.compile_bwd_preprocess(
             key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm,
-            dq_flat_dim=flat_dim,
+            dq_flat_dim=flat_dim, dlse=key.dlse, persistent=key.persistent,
         )  # fmt: skip
     return c.compile_bwd_postprocess(
         key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat,
@@ -160,11 +167,14 @@ def _aux_keys(
     varlen_tile_m: int = 0,
     dq_flat: tuple = (),
     wait_done: bool = False,
+    persistent: bool = False,
+    dlse: bool = False,
 ) -> tuple[BwdAuxKey, BwdAuxKey]:
     return (
-        BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m, dq_flat),
+        BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m, dq_flat, dlse=dlse,
+                  persistent=persistent),
         BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat, wait_done),
-    )
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
@@ -233,31 +243,41 @@ def _scalars(p: AttnProblem) -> tuple:
     return scale_log2, premul, p.softmax_scale, *window
 
 
-def _launch(q, pre, pre_args, main, main_args, post, post_args, between=None):
-    """The three launches on q's device (torch's current stream there); `between` runs after
-    the preprocess (the lse gradient's subtraction from D)."""
+def _launch(q, pre, pre_args, main, main_args, post, post_args):
+    """The three launches on q's device (torch's current stream there), back to back: with
+    BwdTileConfig.pre_overlap / post_overlap the main kernel and the postprocess are their
+    predecessors' programmatic dependents, so nothing may be queued between them."""
     with contextlib.ExitStack() as stack:
         if q.device.index != torch.cuda.current_device():
             stack.enter_context(torch.cuda.device(q.device))  # launches go to q's device
         pre(*pre_args)
-        if between is not None:
-            between()
         main(*main_args)
         post(*post_args)
 
 
-def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | None = None):
+def _dlse_rows(dlse: torch.Tensor | None) -> torch.Tensor | None:
+    """The lse gradient as the preprocess reads it (laid out like lse, fp32, compact)."""
+    return None if dlse is None else dlse.float().contiguous()
+
+
+def run_bwd(
+    q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | None = None,
+    pre_ctas: int | None = None,
+):  # fmt: skip
     """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log.
-    `key`: a variant other than the tuning table's (scripts/tune_bwd_sm90.py)."""
+    `key`: a variant other than the tuning table's, `pre_ctas`: a persistent preprocess grid
+    other than tile_config.BWD_PRE_CTAS (scripts/tune_bwd_sm90.py)."""
     b, sq, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
     if b == 0 or sq == 0 or sk == 0:
         return tuple(t.new_zeros(t.shape) for t in (q, k, v))
     key = key or runtime_bwd_key(p, b, sk)
     cfg = BwdTileConfig(*key.tile)
+    overlap = cfg.post_overlap or cfg.pre_overlap
     pre_key, post_key = _aux_keys(
-        key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg), cfg.post_overlap
-    )
+        key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg), cfg.post_overlap, cfg.pre_overlap,
+        dlse is not None,
+    )  # fmt: skip
     dout, out = _tma_ready(dout), _tma_ready(out)
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -272,24 +292,24 @@ def run_bwd(q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | No
     # kernel never reads it, so a tiny uninitialized tensor (no fill launch) stands in
     if p.deterministic:
         sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
-    elif cfg.post_overlap:
-        # post_overlap: each (batch, head)'s count of main CTAs whose dQ adds landed
-        sem = torch.zeros((b, h, 1), dtype=torch.int32, device=q.device)
+    elif overlap:
+        # [b, h, 0]: post_overlap's count of main CTAs whose dQ adds landed; [b, h, 1]:
+        # pre_overlap's count of rows the preprocess wrote
+        sem = torch.zeros((b, h, 2), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head)
     done = (sem, -(-sk // cfg.tile_n)) if cfg.post_overlap else (None, 0)
+    # pre_overlap: the persistent preprocess keeps at most half the SMs (the main grid takes
+    # the rest while it runs)
+    ctas = min(pre_ctas or BWD_PRE_CTAS, max(1, _num_sms(p.device_index) // 2))
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
-
-    def dlse_into_dsum():
-        dsum[:, :, :sq] -= dlse.float()
-
     _launch(
-        q, pre, (out, dout, lse.contiguous(), lse_log2, dsum, dq_acc, None, sq),
+        q, pre, (out, dout, lse.contiguous(), _dlse_rows(dlse), lse_log2, dsum, dq_acc, None, sq,
+                 *((sem, ctas) if cfg.pre_overlap else (None, 0))),
         main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
                None),
         post, (dq_acc, dq, p.softmax_scale, None, sq, *done),
-        None if dlse is None else dlse_into_dsum,
     )  # fmt: skip
     return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)
 
@@ -304,19 +324,6 @@ def _sum_groups(dk_h, dv_h, hkv: int, dtype):
     # kernel without the fp32 intermediate (H200, 58728 x 32 x 128: 0.253 vs 0.368 ms a
     # tensor, docs/perf/gqa_sum_h200.json)
     return tuple(t.unflatten(-2, (hkv, h // hkv)).sum(-2).to(dtype) for t in (dk_h, dv_h))
-
-
-def padded_rows_index(cu_seqlens_q: torch.Tensor, total_q: int, tile_m: int) -> torch.Tensor:
-    """For each packed query row, its row in the backward's per-row buffers: row r of
-    sequence b goes to r - cu_seqlens_q[b] + floor((cu_seqlens_q[b] + b * tile_m) / tile_m) *
-    tile_m (arch/common/seqlen.padded_row_offset). int64 (total_q,), on cu_seqlens_q's device,
-    without a host sync."""
-    r = torch.arange(total_q, device=cu_seqlens_q.device, dtype=cu_seqlens_q.dtype)
-    seq_of_row = torch.searchsorted(cu_seqlens_q[1:], r, right=True)
-    start = cu_seqlens_q[:-1].long()
-    batch = torch.arange(start.shape[0], device=start.device)
-    pad = (start + batch * tile_m) // tile_m * tile_m
-    return r.long() - start[seq_of_row] + pad[seq_of_row]
 
 
 def run_bwd_varlen(
@@ -334,7 +341,9 @@ def run_bwd_varlen(
     key = key or runtime_bwd_key(p, batch, p.seqlen_k)
     cfg = BwdTileConfig(*key.tile)
     tm = cfg.tile_m
-    pre_key, post_key = _aux_keys(key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg))
+    pre_key, post_key = _aux_keys(
+        key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg), dlse=dlse is not None
+    )
     dout, out = _tma_ready(dout), _tma_ready(out)
     # sequence b's rows start at floor((cu_q[b] + b * tm) / tm) * tm and span whole tiles:
     # every row lies below total_q + batch * tm (seqlen.padded_row_offset)
@@ -351,18 +360,14 @@ def run_bwd_varlen(
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
-
-    def dlse_into_dsum():
-        dsum[0].index_add_(1, padded_rows_index(cu_seqlens_q, total_q, tm), -dlse.float())
-
     q1, k1, v1, o1, do1 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
+    dl = None if dlse is None else _dlse_rows(dlse).unsqueeze(0)
     _launch(
-        q, pre, (o1, do1, lse.contiguous().unsqueeze(0), lse_log2, dsum, dq_acc, cu_seqlens_q,
-                 p.seqlen_q),
+        q, pre, (o1, do1, lse.contiguous().unsqueeze(0), dl, lse_log2, dsum, dq_acc, cu_seqlens_q,
+                 p.seqlen_q, None, 0),
         main, (q1, k1, v1, do1, lse_log2, dsum, dq_acc, dk_h.unsqueeze(0), dv_h.unsqueeze(0),
                sem, *_scalars(p), p.seqlen_k, cu_seqlens_q, cu_seqlens_k),
         post, (dq_acc, dq.unsqueeze(0), p.softmax_scale, cu_seqlens_q, p.seqlen_q, None, 0),
-        None if dlse is None else dlse_into_dsum,
     )  # fmt: skip
     return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)
 

@@ -133,6 +133,24 @@ for step in "${steps[@]}"; do
           --variant short_post=tile_m=64,dq_flat=False,s_under_dk=True,post_overlap=True \
           --out "$OUT/tune_bwd_post_overlap_short_$gpu.json" \
           > "$OUT/tune_bwd_post_overlap_short.log" 2>&1 ;;
+    preov_ab)
+      # BwdTileConfig.pre_overlap (the persistent preprocess beside the main grid) off, and
+      # on with 32 / 48 / 66 CTAs (one compiled main kernel for the three)
+      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d128-4k,d128-16k,d128-4k-causal,d96-4k-causal,d96-16k-causal,d128-1k,d64-4k \
+          --variant off=pre_overlap=False --variant p32=pre_ctas=32 \
+          --variant p48=pre_ctas=48 --variant p66=pre_ctas=66 \
+          --out "$OUT/tune_bwd_pre_overlap_$gpu.json" > "$OUT/tune_bwd_pre_overlap.log" 2>&1 ;;
+    preov_tests)
+      # pre_overlap in the table and the lse gradient folded into every preprocess: the
+      # sweep's bf16 cases at D <= 128 in every mode, the lse-gradient tests (dense and
+      # packed), CUDA graphs, torch.compile
+      gpu_tests 330 gpu_tests_pre_overlap.log tests/test_bwd_sm90.py \
+          tests/test_bwd_varlen_sm90.py -k "(sweep and (64-64-dtype0 or 96-96-dtype0 or \
+          128-128-dtype0)) or lse_gradient or only_lse or cuda_graph or torch_compile" ;;
+    preov_rest)
+      gpu_tests 300 gpu_tests_pre_overlap_rest.log tests/test_bwd_sm90.py -k "group_heads or \
+          deterministic_bitwise_over" ;;
     postov_rest)
       # the post_overlap tests postov_check did not reach before its limit (24: group_heads,
       # lse gradient, deterministic group_heads, torch.compile, CUDA graphs), in a selection
@@ -270,6 +288,9 @@ for step in "${steps[@]}"; do
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
     postov_rest) tail -6 "$OUT/gpu_tests_post_overlap_rest.log" ;;
+    preov_ab) tail -30 "$OUT/tune_bwd_pre_overlap.log" ;;
+    preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
+    preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
     postov_check) grep -A6 "^shape" "$OUT/tune_bwd_post_overlap_b.log"
       tail -6 "$OUT/gpu_tests_post_overlap.log" ;;
     postov_ab) for f in tune_bwd_post_overlap tune_bwd_post_overlap_short; do

@@ -102,19 +102,23 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
 INNER = 3
 
 
-def parse_override(text: str) -> tuple[dict, bool, bool]:
-    """`k=v,...` -> (BwdTileConfig overrides, deterministic, group_heads); `deterministic=1`
-    and `group_heads=1` are not tile fields but key fields."""
-    out, det, group = {}, False, False
+def parse_override(text: str) -> tuple[dict, bool, bool, int | None]:
+    """`k=v,...` -> (BwdTileConfig overrides, deterministic, group_heads, pre_ctas);
+    `deterministic=1` and `group_heads=1` are not tile fields but key fields, `pre_ctas=N` the
+    persistent preprocess's grid (a launch value, run_bwd's pre_ctas)."""
+    out, det, group, pre_ctas = {}, False, False, None
     for item in filter(None, text.split(",")):
         k, v = item.split("=")
+        if k == "pre_ctas":
+            pre_ctas = int(v)
+            continue
         if k in ("deterministic", "group_heads"):
             det, group = (v in ("1", "True"), group) if k == "deterministic" else (det, v == "1")
             continue
         out[k] = {"True": True, "False": False}.get(v, None)
         if out[k] is None:
             out[k] = int(v)
-    return out, det, group
+    return out, det, group, pre_ctas
 
 
 def problem(q, k, v, causal, deterministic=False, mask=None):
@@ -160,7 +164,7 @@ class Packed:
         return out.view(b, s, h, -1), lse.view(h, b, s).transpose(0, 1)
 
     @classmethod
-    def bwd(cls, q, k, v, out, lse, dout, p, key):
+    def bwd(cls, q, k, v, out, lse, dout, p, key, pre_ctas=None):
         flat = (cls._flat(t) for t in (q, k, v, out))
         lse = lse.transpose(0, 1).reshape(lse.shape[1], -1)
         g = run_bwd_varlen(
@@ -193,8 +197,8 @@ def main():
     else:
         mk_problem, fwd = problem, run_fwd
 
-        def bwd(q, k, v, out, lse, dout, p, key):
-            return run_bwd(q, k, v, out, lse, dout, p, key=key)
+        def bwd(q, k, v, out, lse, dout, p, key, pre_ctas=None):
+            return run_bwd(q, k, v, out, lse, dout, p, key=key, pre_ctas=pre_ctas)
 
     win = (None, None)
     if args.window:
@@ -225,17 +229,17 @@ def main():
         live = []
         for name, ov in variants:
             try:
-                overrides, det, group = parse_override(ov)
+                overrides, det, group, pre = parse_override(ov)
                 p_small = mk_problem(*small, causal, det, mask)
                 key, cfg = variant_key(p_small, overrides, group)
                 o_s, lse_s = fwd(*small, p_small)
-                g = bwd(*small, o_s, lse_s, do_small, p_small, key)
+                g = bwd(*small, o_s, lse_s, do_small, p_small, key, pre)
                 err = max((a.float() - r).abs().max().item() for a, r in zip(g, ref_g))
                 p = dataclasses.replace(p_big, deterministic=det)
                 key_big, _ = variant_key(p, overrides, group)
                 for _ in range(2):
-                    bwd(*big, o_big, lse_big, do_big, p, key_big)
-                live.append((name, cfg, det, p, key_big, err, []))
+                    bwd(*big, o_big, lse_big, do_big, p, key_big, pre)
+                live.append((name, cfg, det, p, (key_big, pre), err, []))
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
         for _rep in range(args.reps):
@@ -243,19 +247,20 @@ def main():
                 # a call queued before the first event and INNER calls between the events: the
                 # host's launch work overlaps GPU work instead of showing up as idle time
                 st, en = torch.cuda.Event(True), torch.cuda.Event(True)
-                bwd(*big, o_big, lse_big, do_big, p, key)
+                bwd(*big, o_big, lse_big, do_big, p, *key)
                 st.record()
                 for _ in range(INNER):
-                    bwd(*big, o_big, lse_big, do_big, p, key)
+                    bwd(*big, o_big, lse_big, do_big, p, *key)
                 en.record()
                 en.synchronize()
                 times.append(st.elapsed_time(en) / INNER)
-        for name, cfg, det, _p, _key, err, times in live:
+        for name, cfg, det, _p, (_key, pre), err, times in live:
             times.sort()
             med = statistics.median(times)
             p95 = times[int(0.95 * (len(times) - 1))]
             row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg),
-                       deterministic=det, varlen=args.varlen, err=err, median_ms=med, p95_ms=p95,
+                       deterministic=det, pre_ctas=pre, varlen=args.varlen, err=err,
+                       median_ms=med, p95_ms=p95,
                        tflops=flops / med / 1e9)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -31,21 +31,12 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 from .bwd_preprocess import lane_vectors, row_threads, varlen_rows
 from .dq_flat import DqFlatTile, flat_coords
+from .dsl import wait_at_least
 
 NUM_THREADS = 128
-
-
-@dsl_user_op
-def _nanosleep(ns: int, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(
-        None, [], f"nanosleep.u32 {int(ns)};", "", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )  # fmt: skip
 
 
 class BwdPostprocess:
@@ -115,11 +106,7 @@ class BwdPostprocess:
         if cutlass.const_expr(self.wait_done):
             if cute.arch.thread_idx()[0] == 0:
                 ptr = mDone.iterator + cute.crd2idx((batch, head, 0), mDone.layout)
-                seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
-                while seen < done_target:
-                    # back off: the main grid's reduce-adds share L2 with this polling
-                    _nanosleep(512)
-                    seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+                wait_at_least(ptr, done_target, 512)
             cute.arch.sync_threads()
 
     @cute.kernel

@@ -24,6 +24,21 @@ are dq_flat_dim wide (dQ^T's head-dim rows, 128 at D = 96) and a tile holds its 
 the main kernel's order (arch/common/dq_flat.py), so its every row is cleared, padding rows
 and columns included: the tile's real elements sit anywhere in it.
 
+The lse gradient (`dlse`): when lse is used downstream its gradient enters D, so dsum = dot
+- dlse[b, h, i] on the query rows (dlse laid out like lse).
+
+Persistent, under the main grid (`persistent`, BwdTileConfig.pre_overlap; dense only): a grid
+of `num_ctas` CTAs of PERSISTENT_THREADS threads (one an SM: the registers of two do not
+fit) walks items of `item_rows` rows of one (batch, head) pair, pair after pair in the main
+grid's order. Each CTA allows the main kernel to launch at once
+(griddepcontrol.launch_dependents), so the main grid takes the other SMs while this runs;
+every warp, once its rows of an item are written, adds their count to `ready[b, h, 1]` with
+a release, and the main kernel's load and dQ-writer warps wait (acquire) for their head's
+count to reach its padded rows before they read lse_log2 / D or add into the accumulator.
+Each thread loads `unroll` rows before it reduces any, so one SM keeps enough bytes in
+flight to stream at a share of HBM bandwidth. The rows of an item past the query rows load
+the last query row (every call has one) and are zeroed like padding.
+
 Constraints: fp16/bf16 dO and O, (batch, seq, heads, dim) with contiguous dim and 16-byte
 aligned rows; head_dim and head_dim_v multiples of 8 with head_dim a multiple of
 4 * row_threads(head_dim_v) (so each thread clears as many 16-byte chunks of the dQ row).
@@ -40,6 +55,10 @@ from .seqlen import padded_row_offset
 from .softmax import LOG2E
 
 NUM_THREADS = 128
+# the persistent form: one CTA an SM, and at most 64 registers a thread
+PERSISTENT_THREADS = 1024
+# 16-byte loads of dO / O a thread has in flight in the persistent form (rows x vectors)
+PERSISTENT_LOADS = 8
 
 
 def row_threads(dim: int, limit: int) -> int:
@@ -83,6 +102,8 @@ class BwdPreprocess:
         head_dim_v: int,
         varlen_tile_m: int = 0,
         dq_flat_dim: int = 0,
+        dlse: bool = False,
+        persistent: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -91,11 +112,17 @@ class BwdPreprocess:
         self.varlen_tile_m = varlen_tile_m
         # > 0: register-order dQ tiles with rows this wide (see the module docstring)
         self.dq_flat_dim = dq_flat_dim
+        # the lse gradient is subtracted from D
+        self.dlse = dlse
+        # a grid of a few CTAs under the main kernel, counting ready rows per (batch, head)
+        self.persistent = persistent
         self._setup_attributes()
 
     def _setup_attributes(self):
         if self.head_dim_v % 8 or self.head_dim % 8:
             raise ValueError("head dims must be multiples of 8 (16-byte vectors)")
+        if self.persistent and self.varlen_tile_m:
+            raise ValueError("the persistent preprocess walks the dense (batch, head) pairs")
         self.threads_per_row = row_threads(self.head_dim_v, 32)
         # 16-byte vectors a thread loads of dO / O (8 elements each) and clears of dQ (4 fp32)
         self.o_vecs = self.head_dim_v // (8 * self.threads_per_row)
@@ -104,7 +131,12 @@ class BwdPreprocess:
         if self.dq_row % (4 * self.threads_per_row):
             raise ValueError("each thread must clear whole 16-byte chunks of the dQ row")
         self.dq_vecs = self.dq_row // (4 * self.threads_per_row)
-        self.rows_per_cta = NUM_THREADS // self.threads_per_row
+        self.num_threads = PERSISTENT_THREADS if self.persistent else NUM_THREADS
+        self.rows_per_cta = self.num_threads // self.threads_per_row
+        # persistent: rows a thread group loads before reducing, and an item's rows
+        self.unroll = max(1, PERSISTENT_LOADS // (2 * self.o_vecs)) if self.persistent else 1
+        self.item_rows = self.unroll * self.rows_per_cta
+        self.groups_per_warp = 32 // self.threads_per_row
 
     @cute.jit
     def __call__(
@@ -112,21 +144,29 @@ class BwdPreprocess:
         mO: cute.Tensor,  # (b, s_q, h, dv)
         mdO: cute.Tensor,  # (b, s_q, h, dv)
         mLSE: cute.Tensor,  # (b, h, s_q) fp32, natural log
+        mdLSE: cute.Tensor | None,  # dlse: (b, h, s_q) fp32, the lse gradient; else None
         mLSE2: cute.Tensor,  # (b, h, s_q padded) fp32, out
         mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, out
         mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed); dq_flat_dim: (b, s_pad, h, that)
         mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
         max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
+        mReady: cute.Tensor | None,  # persistent: (b, h, x) int32, ready rows at [b, h, 1]
+        num_ctas: Int32,  # persistent: the grid
         stream: cuda.CUstream,
     ):
-        rows, num_batch = mLSE2.shape[2], cute.size(mO.shape[0])
-        if cutlass.const_expr(self.varlen_tile_m > 0):
-            tm = self.varlen_tile_m
-            rows, num_batch = cute.ceil_div(max_seqlen_q, tm) * tm, mCuSeqlensQ.shape[0] - 1
-        grid = (cute.ceil_div(rows, self.rows_per_cta), cute.size(mO.shape[2]), num_batch)
-        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mCuSeqlensQ).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream
-        )
+        if cutlass.const_expr(self.persistent):
+            self.kernel_persistent(mO, mdO, mLSE, mdLSE, mLSE2, mDsum, mdQacc, mReady).launch(
+                grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream
+            )
+        else:
+            rows, num_batch = mLSE2.shape[2], cute.size(mO.shape[0])
+            if cutlass.const_expr(self.varlen_tile_m > 0):
+                tm = self.varlen_tile_m
+                rows, num_batch = cute.ceil_div(max_seqlen_q, tm) * tm, mCuSeqlensQ.shape[0] - 1
+            grid = (cute.ceil_div(rows, self.rows_per_cta), cute.size(mO.shape[2]), num_batch)
+            self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDsum, mdQacc, mCuSeqlensQ).launch(
+                grid=grid, block=[self.num_threads, 1, 1], stream=stream
+            )
 
     @cute.kernel
     def kernel(
@@ -134,6 +174,7 @@ class BwdPreprocess:
         mO: cute.Tensor,
         mdO: cute.Tensor,
         mLSE: cute.Tensor,
+        mdLSE: cute.Tensor | None,
         mLSE2: cute.Tensor,
         mDsum: cute.Tensor,
         mdQacc: cute.Tensor,
@@ -154,13 +195,104 @@ class BwdPreprocess:
             rows = cute.ceil_div(seqlen, tm) * tm
         dot = Float32(0.0)
         if row < seqlen:
-            tpr, nv = self.threads_per_row, self.o_vecs
-            r_o = cute.make_rmem_tensor((8, nv), self.dtype)
-            r_do = cute.make_rmem_tensor((8, nv), self.dtype)
-            cute.autovec_copy(lane_vectors(mO[b, start + row, head, None], lane, 8, tpr, nv), r_o)
-            cute.autovec_copy(lane_vectors(mdO[b, start + row, head, None], lane, 8, tpr, nv), r_do)
-            prod = r_o.load().to(Float32) * r_do.load().to(Float32)
-            dot = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+            r_o, r_do = self._load_row(mO, mdO, b, start + row, head, lane)
+            dot = self._dot(r_o, r_do)
+        self._finish_row(
+            mLSE, mdLSE, mLSE2, mDsum, mdQacc, b, start, pad, row, head, lane, seqlen, rows, dot
+        )
+
+    @cute.kernel
+    def kernel_persistent(
+        self,
+        mO: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mdLSE: cute.Tensor | None,
+        mLSE2: cute.Tensor,
+        mDsum: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mReady: cute.Tensor,
+    ):
+        # the main kernel may launch now: its CTAs take the SMs this grid leaves free and wait
+        # for their heads' ready counts
+        cute.arch.griddepcontrol_launch_dependents()
+        tidx = cute.arch.thread_idx()[0]
+        lane = tidx % self.threads_per_row
+        group = tidx // self.threads_per_row
+        warp_lane = cute.arch.lane_idx()
+        # this warp's first row group: the warp's count covers its groups of each pass
+        warp_group0 = cute.arch.make_warp_uniform(tidx // 32) * self.groups_per_warp
+        seqlen, rows = mO.shape[1], mLSE2.shape[2]
+        heads = cute.size(mO.shape[2])
+        per_pair = cute.ceil_div(rows, self.item_rows)
+        num_items = per_pair * heads * cute.size(mO.shape[0])
+        first, _, _ = cute.arch.block_idx()
+        step, _, _ = cute.arch.grid_dim()
+        # pair-major, pairs (head fastest) in the main grid's order, so the heads its first
+        # CTAs need are ready first
+        for item in cutlass.range(first, num_items, step, unroll=1):
+            pair = item // per_pair
+            row0 = (item - pair * per_pair) * self.item_rows
+            head, b = pair % heads, pair // heads
+            # every load first (rows past the query rows load the last one; zeroed below)
+            loaded = []
+            for u in cutlass.range_constexpr(self.unroll):
+                row = row0 + u * self.rows_per_cta + group
+                src = cutlass.min(row, seqlen - 1)
+                loaded.append(self._load_row(mO, mdO, b, src, head, lane))
+            for u in cutlass.range_constexpr(self.unroll):
+                row = row0 + u * self.rows_per_cta + group
+                dot = cutlass.select_(row < seqlen, self._dot(*loaded[u]), Float32(0.0))
+                self._finish_row(
+                    mLSE,
+                    mdLSE,
+                    mLSE2,
+                    mDsum,
+                    mdQacc,
+                    b,
+                    Int32(0),
+                    Int32(0),
+                    row,
+                    head,
+                    lane,
+                    seqlen,
+                    rows,
+                    dot,
+                )
+            # the warp's rows of this item (below `rows`) are written: count them ready. The
+            # warp barrier orders every lane's stores before lane 0's release.
+            cute.arch.sync_warp()
+            if warp_lane == 0:
+                done = Int32(0)
+                for u in cutlass.range_constexpr(self.unroll):
+                    left = rows - (row0 + u * self.rows_per_cta + warp_group0)
+                    done += cutlass.max(cutlass.min(left, self.groups_per_warp), 0)
+                if done > 0:
+                    ptr = mReady.iterator + cute.crd2idx((b, head, 1), mReady.layout)
+                    cute.arch.atomic_add(ptr, done, sem="release", scope="gpu")
+
+    @cute.jit
+    def _load_row(self, mO, mdO, b, row, head, lane):
+        """This lane's vectors of O and dO at (b, row, head) (lane_vectors)."""
+        tpr, nv = self.threads_per_row, self.o_vecs
+        r_o = cute.make_rmem_tensor((8, nv), self.dtype)
+        r_do = cute.make_rmem_tensor((8, nv), self.dtype)
+        cute.autovec_copy(lane_vectors(mO[b, row, head, None], lane, 8, tpr, nv), r_o)
+        cute.autovec_copy(lane_vectors(mdO[b, row, head, None], lane, 8, tpr, nv), r_do)
+        return r_o, r_do
+
+    @cute.jit
+    def _dot(self, r_o: cute.Tensor, r_do: cute.Tensor) -> Float32:
+        """This lane's part of sum_d dO * O, in fp32."""
+        prod = r_o.load().to(Float32) * r_do.load().to(Float32)
+        return prod.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+
+    @cute.jit
+    def _finish_row(
+        self, mLSE, mdLSE, mLSE2, mDsum, mdQacc, b, start, pad, row, head, lane, seqlen, rows,
+        dot,
+    ):  # fmt: skip
+        """Clear the row's accumulator part, reduce the group's dot and write lse_log2 / D."""
         # the accumulator row: the query rows', or (register-order tiles) every padded row's
         zero_rows = seqlen
         if cutlass.const_expr(self.dq_flat_dim > 0):
@@ -178,8 +310,17 @@ class BwdPreprocess:
             if row < seqlen:
                 lse = mLSE[b, head, start + row]
                 lse2 = cutlass.select_(lse == -Float32.inf, Float32.inf, lse * LOG2E)
+                if cutlass.const_expr(self.dlse):
+                    dot = dot - mdLSE[b, head, start + row]
             mLSE2[b, head, pad + row] = lse2
             mDsum[b, head, pad + row] = dot
 
 
-__all__ = ["BwdPreprocess", "NUM_THREADS", "lane_vectors", "row_threads", "varlen_rows"]
+__all__ = [
+    "BwdPreprocess",
+    "NUM_THREADS",
+    "PERSISTENT_THREADS",
+    "lane_vectors",
+    "row_threads",
+    "varlen_rows",
+]

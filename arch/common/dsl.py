@@ -5,6 +5,10 @@ from __future__ import annotations
 import copy
 
 import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 
 class DslStruct:
@@ -36,3 +40,23 @@ class DslStruct:
             )
             pos += n
         return new
+
+
+@dsl_user_op
+def nanosleep(ns: int, *, loc=None, ip=None) -> None:
+    """Suspend the thread for about `ns` nanoseconds (a polling loop's back-off)."""
+    llvm.inline_asm(
+        None, [], f"nanosleep.u32 {int(ns)};", "", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )  # fmt: skip
+
+
+@cute.jit
+def wait_at_least(ptr: cute.Pointer, target: Int32, backoff_ns: cutlass.Constexpr[int]):
+    """Poll the int32 at `ptr` with gpu-scope acquire loads until it is >= target, backing
+    off between polls (the counter's writers share L2 with the polling). The caller
+    publishes the acquire to its CTA or warp with a barrier."""
+    seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+    while seen < target:
+        nanosleep(backoff_ns)
+        seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")

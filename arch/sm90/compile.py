@@ -180,11 +180,15 @@ def compile_bwd_preprocess(
     jit_engine: bool = True,
     varlen_tile_m: int = 0,
     dq_flat_dim: int = 0,
+    dlse: bool = False,
+    persistent: bool = False,
 ):
-    """TVM-FFI function (out, dout, lse, lse_log2, dsum, dq_accum, cu_seqlens_q,
-    max_seqlen_q); see BwdPreprocess (varlen_tile_m > 0: packed, cu_seqlens_q an int32
-    vector; else None; dq_flat_dim > 0: register-order dQ tiles, the accumulator's rows that
-    wide and padded like lse_log2's)."""
+    """TVM-FFI function (out, dout, lse, dlse, lse_log2, dsum, dq_accum, cu_seqlens_q,
+    max_seqlen_q, ready, num_ctas); see BwdPreprocess (varlen_tile_m > 0: packed,
+    cu_seqlens_q an int32 vector; else None; dq_flat_dim > 0: register-order dQ tiles, the
+    accumulator's rows that wide and padded like lse_log2's; dlse: the lse gradient, laid out
+    like lse, else None; persistent: ready is the main kernel's (batch, heads, x) int32 sem
+    and num_ctas the grid, else None and unused)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     o = _fake_bshd(dtype, h, head_dim_v, b, sq)
@@ -192,10 +196,16 @@ def compile_bwd_preprocess(
     padded = varlen_tile_m or dq_flat_dim
     dq_acc = _fake_bshd(cutlass.Float32, h, dq_flat_dim or head_dim, b, sq_pad if padded else sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
+    ready = None
+    if persistent:
+        ready = cute.runtime.make_fake_compact_tensor(
+            cutlass.Int32, (b, h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4
+        )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim), o, do,
-        _fake_rows(b, h, sq), _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu,
+        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim, dlse, persistent),
+        o, do, _fake_rows(b, h, sq), _fake_rows(b, h, sq) if dlse else None,
+        _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu, cutlass.Int32(1), ready,
         cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 

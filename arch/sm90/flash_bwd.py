@@ -101,6 +101,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ..common.dsl import wait_at_least
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
@@ -245,6 +246,10 @@ class FlashBwdSm90:
         self.post_overlap = cfg.post_overlap
         if self.post_overlap and (self.deterministic or self.varlen):
             raise ValueError("post_overlap counts CTAs in sem: dense, not deterministic")
+        # the persistent preprocess runs beside this grid (BwdTileConfig.pre_overlap)
+        self.pre_overlap = cfg.pre_overlap
+        if self.pre_overlap and (self.deterministic or self.varlen):
+            raise ValueError("pre_overlap counts ready rows in sem: dense, not deterministic")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
@@ -286,7 +291,10 @@ class FlashBwdSm90:
         mdQacc: cute.Tensor,
         mdK: cute.Tensor,  # (b, s_k, h, d): per query head (group_heads: (b, s_k, h_kv, d))
         mdV: cute.Tensor,  # (b, s_k, h, dv): per query head (group_heads: (b, s_k, h_kv, dv))
-        mSem: cute.Tensor,  # (b, h, query tiles) int32, zeroed; read only when deterministic
+        # (b, h, x) int32, zeroed: deterministic, a turn counter per query tile; post_overlap /
+        # pre_overlap, x = 2: [b, h, 0] counts this grid's CTAs done, [b, h, 1] the preprocess's
+        # ready rows; else unread
+        mSem: cute.Tensor,
         softmax_scale_log2: Float32,
         score_premul: Float32,
         softmax_scale: Float32,
@@ -519,6 +527,9 @@ class FlashBwdSm90:
             block=[self.roles.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+            # pre_overlap: launched while the persistent preprocess runs (its CTAs allow it at
+            # once); the roles that read its output wait for their head's ready count
+            use_pdl=self.pre_overlap,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ device entry
@@ -647,12 +658,12 @@ class FlashBwdSm90:
                         tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
                         tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
                         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
-                        seq, row_off, n_block, head, m_min, m_max,
+                        seq, row_off, n_block, head, m_min, m_max, mSem,
                     )  # fmt: skip
                 if warp_idx == roles.dq_warp:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
-                        m_min, m_max,
+                        m_min, m_max, mLSE.shape[0],
                     )  # fmt: skip
             else:
                 cute.arch.setmaxregister_increase(roles.mma_regs)
@@ -695,6 +706,7 @@ class FlashBwdSm90:
         head: Int32,
         m_min: Int32,
         m_max: Int32,
+        mSem: cute.Tensor,
     ):
         head_kv = head * self.heads_per_cta // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
@@ -734,6 +746,7 @@ class FlashBwdSm90:
                 tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO, gdO)
                 tLsL, tLgL = tma_tiles(tma_atom_LSE, sLSE, gLSE, rank=1)
                 tDsD, tDgD = tma_tiles(tma_atom_Dsum, sDsum, gDsum, rank=1)
+                self._wait_ready(mSem, head_q, qb, mLSE.shape[0])
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     pipe_q.producer_acquire(state)
                     q_bar = pipe_q.producer_get_barrier(state)
@@ -781,6 +794,7 @@ class FlashBwdSm90:
         head: Int32,
         m_min: Int32,
         m_max: Int32,
+        ready_rows: Int32,
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
@@ -817,6 +831,8 @@ class FlashBwdSm90:
                     (None, None),
                 )
             tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
+            # the preprocess cleared this head's accumulator
+            self._wait_ready(mSem, head_q, seq.q_batch, ready_rows)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 for part in cutlass.range_constexpr(parts):
                     # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
@@ -1251,6 +1267,18 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _wait_ready(self, mSem: cute.Tensor, head_q: Int32, batch: Int32, rows: Int32):
+        """pre_overlap: a warp waits until the persistent preprocess has written `rows` rows of
+        (batch, head_q) (lse_log2, D, the cleared accumulator), then orders its TMA reads
+        and reduce-adds (async proxy) after that acquire."""
+        if cutlass.const_expr(self.pre_overlap):
+            if cute.arch.lane_idx() == 0:
+                ptr = mSem.iterator + cute.crd2idx((1, head_q, batch), mSem.layout)
+                wait_at_least(ptr, rows, 128)
+            cute.arch.sync_warp()
+            cute.arch.fence_proxy("async.global")
+
     def _head_rows(self, seq: SeqInfo, t: cute.Tensor, head: Int32, keys: bool = False):
         """(seq, dim) rows of one head of a loaded tensor (q / dO, or with `keys` k / v) from
         this sequence's first row on; packed, through its ragged view (__call__), so the rows

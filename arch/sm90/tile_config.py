@@ -732,6 +732,11 @@ def fwd_split_cluster(num_splits: int, head_dim_v: int) -> bool:
     return num_splits == 2 and head_dim_v <= 192
 
 
+# BwdTileConfig.pre_overlap: the persistent preprocess's CTAs (one an SM; run_bwd keeps it to
+# at most half the SMs). NOT YET MEASURED
+BWD_PRE_CTAS = 48
+
+
 @dataclasses.dataclass(frozen=True)
 class BwdTileConfig:
     """Static shape of one backward variant. A CTA owns tile_n keys and walks the query tiles
@@ -828,6 +833,11 @@ class BwdTileConfig:
     # for its head's count, so it converts on the SMs the main grid's last wave leaves idle
     # instead of after the whole grid. Dense, not deterministic (sem holds the turns there)
     post_overlap: bool = False
+    # the preprocess as a persistent grid of BWD_PRE_CTAS CTAs (one an SM) that the main
+    # kernel, its programmatic dependent, runs beside on the other SMs; each main CTA's load
+    # and dQ-writer warps wait per query head for the rows the preprocess counts ready
+    # (arch/common/bwd_preprocess.py). Dense, not deterministic (like post_overlap)
+    pre_overlap: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
@@ -1099,6 +1109,11 @@ def bwd_tile_config(
     # measured past them)
     if not (deterministic or varlen) and head_dim <= 128:
         cfg = dataclasses.replace(cfg, post_overlap=True)
+    # pre_overlap (the preprocess as a persistent grid of BWD_PRE_CTAS CTAs beside the main
+    # grid, which waits per query head for its rows): NOT YET MEASURED, same domain as
+    # post_overlap
+    if not (deterministic or varlen) and head_dim <= 128:
+        cfg = dataclasses.replace(cfg, pre_overlap=True)
     return cfg
 
 
