@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `postov_rest sdk_ab`:
-# the fifty-sixth session put BwdTileConfig.post_overlap in the table after 150 of the 174
-# backward tests of `postov_check` (`postov_rest` runs the other 24); the fifty-fourth
-# session measured BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only,
-# so their A/B (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
+# installed there), by steps; the default is what is still pending, `preov_ab sdk_ab`:
+# the fifty-seventh session put BwdTileConfig.pre_overlap (the persistent preprocess beside
+# the main grid) in the table and post_overlap's last tests passed, on an H100 only, so the
+# pre_overlap A/B (`preov_ab`) is owed on an H200; the fifty-fourth session measured
+# BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
+# (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
 # (`bwd_touched`) are owed on an H200. The forward sweep has passed whole on H200s
 # (forty-eighth and fifty-second sessions) and the other forward GPU tests on H100s
 # (`fwd_rest` from 77 still owed on an H200); the backward sweep passed whole on an H100 in
@@ -13,6 +14,11 @@
 # go under $OUT (JSON names end in the GPU, e.g. _h200), the tails come last on stdout.
 #   bash scripts/gpu_pending.sh [step ...]
 # steps:
+#   preov_ab    scripts/tune_bwd_sm90.py: BwdTileConfig.pre_overlap off, and on with 32 / 48
+#               / 66 persistent preprocess CTAs (preov_ab2: 16 / 24 / 32; preov_ab3: off /
+#               16 / 32 on the 16k rows and 1k causal); preov_tests / preov_rest: the backward
+#               tests it touches (sweep bf16 D <= 128, lse gradient dense and packed, CUDA
+#               graphs, torch.compile; group_heads, deterministic)
 #   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
 #               issued before the wait for this tile's dK) off / on, on the taller tiles
 #               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
@@ -74,7 +80,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(postov_rest sdk_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -141,6 +147,17 @@ for step in "${steps[@]}"; do
           --variant off=pre_overlap=False --variant p32=pre_ctas=32 \
           --variant p48=pre_ctas=48 --variant p66=pre_ctas=66 \
           --out "$OUT/tune_bwd_pre_overlap_$gpu.json" > "$OUT/tune_bwd_pre_overlap.log" 2>&1 ;;
+    preov_ab2)
+      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d128-4k,d128-4k-causal,d96-16k-causal,d128-1k,d64-4k \
+          --variant p16=pre_ctas=16 --variant p24=pre_ctas=24 --variant p32=pre_ctas=32 \
+          --out "$OUT/tune_bwd_pre_overlap_b_$gpu.json" > "$OUT/tune_bwd_pre_overlap_b.log" 2>&1 ;;
+    preov_ab3)
+      # the long rows, where the preprocess is the smallest share
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d128-16k-causal,d64-16k-causal,d128-16k,d96-16k,d64-16k,d128-1k-causal \
+          --variant off=pre_overlap=False --variant p16=pre_ctas=16 --variant p32=pre_ctas=32 \
+          --out "$OUT/tune_bwd_pre_overlap_c_$gpu.json" > "$OUT/tune_bwd_pre_overlap_c.log" 2>&1 ;;
     preov_tests)
       # pre_overlap in the table and the lse gradient folded into every preprocess: the
       # sweep's bf16 cases at D <= 128 in every mode, the lse-gradient tests (dense and
@@ -289,6 +306,8 @@ for step in "${steps[@]}"; do
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
     postov_rest) tail -6 "$OUT/gpu_tests_post_overlap_rest.log" ;;
     preov_ab) tail -30 "$OUT/tune_bwd_pre_overlap.log" ;;
+    preov_ab2) tail -17 "$OUT/tune_bwd_pre_overlap_b.log" ;;
+    preov_ab3) tail -20 "$OUT/tune_bwd_pre_overlap_c.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
     postov_check) grep -A6 "^shape" "$OUT/tune_bwd_post_overlap_b.log"

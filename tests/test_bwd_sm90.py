@@ -548,7 +548,8 @@ _POST_OVERLAP_SNIPPET = r"""
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
-from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd, compile_bwd_postprocess
+from cute_attn.arch.sm90.compile import (BwdSpec, compile_bwd, compile_bwd_postprocess,
+                                         compile_bwd_preprocess)
 from cute_attn.arch.sm90.tile_config import bwd_tile_config
 def keep():
     return f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
@@ -558,9 +559,11 @@ for det in (False, True):
     spec = BwdSpec("bfloat16", 128, 128, 8, 8, det, False, False, cfg)
     sass = _sass(compile_bwd(spec, keep()).__cubin__)
     out["det" if det else "main"] = {
-        "sass": bool(sass), "on": cfg.post_overlap,
+        "sass": bool(sass), "on": cfg.post_overlap, "pre_on": cfg.pre_overlap,
         "spills": sass.count("STL") + sass.count("LDL"), "trigger": sass.count("PREEXIT"),
         "count": len(re.findall(r"REDG\.E\.ADD\.STRONG\.GPU", sass)),
+        "poll": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
+        "proxy": sass.count("FENCE.VIEW.ASYNC.G"),
     }
 flat = bwd_tile_config(128, 128, False, False).dq_flat_tile()
 fields = (flat.tile_m, flat.parts, flat.groups)
@@ -568,16 +571,25 @@ sass = _sass(compile_bwd_postprocess("bfloat16", 128, keep(), dq_flat=fields,
                                      wait_done=True).__cubin__)
 out["post"] = {"poll": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
                "sleep": sass.count("NANOSLEEP")}
+sass = _sass(compile_bwd_preprocess("bfloat16", 128, 128, keep(), dq_flat_dim=128,
+                                    persistent=True).__cubin__)
+out["pre"] = {"trigger": sass.count("PREEXIT"), "loads": sass.count("LDG.E.128"),
+              "count": len(re.findall(r"REDG\.E\.ADD\.STRONG\.GPU", sass)),
+              "spills": sass.count("STL") + sass.count("LDL")}
 print(json.dumps(out))
 """
 
 
 @pytest.mark.compile
-def test_bwd_post_overlap_reaches_both_kernels(tmp_path):
+def test_bwd_overlaps_reach_every_kernel(tmp_path):
     # post_overlap (the table's choice at D=128 unmasked): the main kernel lets its dependent
     # launch (griddepcontrol.launch_dependents, SASS PREEXIT) and counts each CTA done with one
     # release add, spill-free; the deterministic variant does neither; the waiting
-    # postprocess polls its count with strong loads and backs off between them
+    # postprocess polls its count with strong loads and backs off between them.
+    # pre_overlap: the main kernel's load and dQ-writer warps poll their head's ready count
+    # with strong loads and fence the async proxy after it; the persistent preprocess lets
+    # the main kernel launch, loads its rows' O / dO (4 rows x 2 vectors at D = 128) before
+    # any reduction, and counts rows ready with release adds, spill-free
     r = run_json_snippet(_POST_OVERLAP_SNIPPET, tmp_path, timeout=900)
     if not r["main"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
@@ -585,6 +597,10 @@ def test_bwd_post_overlap_reaches_both_kernels(tmp_path):
     assert r["main"]["count"] >= 1, r
     assert not r["det"]["on"] and r["det"]["trigger"] == 0, r
     assert r["post"]["poll"] >= 1 and r["post"]["sleep"] >= 1, r
+    assert r["main"]["pre_on"] and r["main"]["poll"] >= 2 and r["main"]["proxy"] >= 2, r
+    assert not r["det"]["pre_on"], r
+    assert r["pre"]["trigger"] == 1 and r["pre"]["loads"] == 8, r
+    assert r["pre"]["count"] >= 1 and r["pre"]["spills"] == 0, r
 
 
 _SOFTCAP_D96_SNIPPET = r"""  # run after HGMMA_SHAPES

@@ -383,11 +383,13 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     # D=128); the register-order dQ tiles (dq_flat: D=64's 128 rows, D=96 / 128's 96 / 80)
     # have their own, dense and packed: 2 kinds x (4 + 4 + 4 + 2 + 2 + 2 forms); and at D <=
     # 128 the dense postprocesses that wait for the main grid's done counts (post_overlap;
-    # the deterministic order keeps the plain ones), row and register order: 6 more
+    # the deterministic order keeps the plain ones), row and register order: 6 more, and as
+    # many persistent preprocesses that count ready rows (pre_overlap)
     bwd_aux = [r for r in aux if r["name"].startswith("sm90_bwd_")]
-    assert len(bwd_aux) == 42, aux
-    assert len([r for r in bwd_aux if "dq_flat" in r["name"]]) == 15, aux
+    assert len(bwd_aux) == 48, aux
+    assert len([r for r in bwd_aux if "dq_flat" in r["name"]]) == 18, aux
     assert len([r for r in bwd_aux if r["name"].endswith("wait_done")]) == 6, aux
+    assert len([r for r in bwd_aux if r["name"].endswith("persistent")]) == 6, aux
     # the GQA backward that walks a KV head's query heads, per head-dim pair (heads 8:2),
     # unmasked and causal (in L2 sections; not D=64 causal, see tile_config.bwd_group_heads),
     # and causal on packed sequences (from D=96 too)

@@ -591,6 +591,25 @@ def test_bwd_post_overlap_where_measured():
             assert not bwd_tile_config(d, dv, causal, False).post_overlap
 
 
+def test_bwd_pre_overlap_where_measured():
+    # the persistent preprocess beside the main grid: where post_overlap is (+0.7-4.8% on an
+    # H100 at 1k-16k, tune_bwd_pre_overlap*_s57_h100.json), off in the deterministic order,
+    # for packed sequences and past D = 128; 16 CTAs (32 even or behind, 48 / 66 behind)
+    from cute_attn.arch.sm90.tile_config import BWD_PRE_CTAS, bwd_tile_config
+
+    assert BWD_PRE_CTAS == 16
+    flags = ("causal", "local", "softcap", "group_heads", "short")
+    for d in (64, 96, 128):
+        for on in itertools.product((False, True), repeat=len(flags)):
+            kw = dict(zip(flags, on))
+            assert bwd_tile_config(d, d, **kw).pre_overlap, (d, kw)
+            assert not bwd_tile_config(d, d, **kw, deterministic=True).pre_overlap, (d, kw)
+            assert not bwd_tile_config(d, d, **kw, varlen=True).pre_overlap, (d, kw)
+    for d, dv in ((192, 192), (192, 128), (256, 256)):
+        for causal in (False, True):
+            assert not bwd_tile_config(d, dv, causal, False).pre_overlap
+
+
 def test_bwd_dq_staging_where_measured():
     # D=96 / 128: 80 query rows (96 at D=96) with dQ^T = K^T dS^T, whose 32-bit staging
     # stores are conflict-free under the 128-byte swizzle (+7-12% over the 64-row tile,

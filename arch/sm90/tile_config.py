@@ -733,8 +733,13 @@ def fwd_split_cluster(num_splits: int, head_dim_v: int) -> bool:
 
 
 # BwdTileConfig.pre_overlap: the persistent preprocess's CTAs (one an SM; run_bwd keeps it to
-# at most half the SMs). NOT YET MEASURED
-BWD_PRE_CTAS = 48
+# at most half the SMs). Round-robin on an H100, TFLOP/s, 16 / 32 CTAs (48 and 66 lost to 32
+# at every shape but D=96 16k causal, tune_bwd_pre_overlap_s57_h100.json): D=128 4k 599.9 /
+# 599.8, 4k causal 517.4 / 516.7, 1k 473.0 / 467.5, D=96 16k causal 528.9 / 530.2, D=64 4k
+# 535.2 / 534.9 (tune_bwd_pre_overlap_b_s57_h100.json); D=128 16k causal 620.4 / 609.7, 16k
+# 628.3 / 628.7, D=64 16k causal 554.5 / 547.9, D=96 16k 565.3 / 560.7, D=128 1k causal
+# 299.0 / 301.8 (tune_bwd_pre_overlap_c_s57_h100.json)
+BWD_PRE_CTAS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1110,8 +1115,14 @@ def bwd_tile_config(
     if not (deterministic or varlen) and head_dim <= 128:
         cfg = dataclasses.replace(cfg, post_overlap=True)
     # pre_overlap (the preprocess as a persistent grid of BWD_PRE_CTAS CTAs beside the main
-    # grid, which waits per query head for its rows): NOT YET MEASURED, same domain as
-    # post_overlap
+    # grid, which waits per query head for its rows). Round-robin on an H100, TFLOP/s, off /
+    # 32 CTAs (tune_bwd_pre_overlap_s57_h100.json, same gradients): D=128 4k 575.3 / 597.3,
+    # 16k 625.8 / 633.2, 4k causal 502.9 / 522.3, 1k 416.9 / 432.6; D=96 4k causal 456.9 /
+    # 463.6, 16k causal 531.4 / 538.6; D=64 4k 523.4 / 537.9. Off / 16 CTAs
+    # (tune_bwd_pre_overlap_c_s57_h100.json): D=128 16k causal 616.0 / 620.4, 16k 619.2 /
+    # 628.3, 1k causal 291.4 / 299.0; D=96 16k 554.5 / 565.3; D=64 16k 551.7 / 555.5, 16k
+    # causal 551.9 / 554.5. The domain of post_overlap (sem holds the deterministic turns;
+    # packed grids not built; not measured past D = 128)
     if not (deterministic or varlen) and head_dim <= 128:
         cfg = dataclasses.replace(cfg, pre_overlap=True)
     return cfg
