@@ -408,7 +408,7 @@ def _aux_jobs(arch, head_dims, dtypes):
             if key.wait_done:
                 form += " wait_done"
             if key.persistent:
-                form += " persistent"
+                form += " pre_overlap"
             # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
             yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", key, build_bwd_aux, (
                 "LDG.E.128",)  # fmt: skip

@@ -136,7 +136,7 @@ class BwdAuxKey(KernelKey):
     wait_done: bool = False
     # preprocess: the lse gradient is subtracted from D
     dlse: bool = False
-    # preprocess: a persistent grid under the main kernel, counting ready rows
+    # preprocess: a persistent grid beside the main kernel, counting ready rows
     # (BwdTileConfig.pre_overlap)
     persistent: bool = False
 
@@ -288,14 +288,13 @@ def run_bwd(
     h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
     dk_h = torch.empty((b, sk, h_dkv, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((b, sk, h_dkv, dv_dim), dtype=q.dtype, device=q.device)
-    # deterministic: one zeroed turn counter per (batch, head, query tile); otherwise the
-    # kernel never reads it, so a tiny uninitialized tensor (no fill launch) stands in
-    if p.deterministic:
-        sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
-    elif overlap:
-        # [b, h, 0]: post_overlap's count of main CTAs whose dQ adds landed; [b, h, 1]:
-        # pre_overlap's count of rows the preprocess wrote
-        sem = torch.zeros((b, h, 2), dtype=torch.int32, device=q.device)
+    # deterministic: a zeroed turn counter per (batch, head, query tile); then, under the
+    # overlaps, [b, h, -2] post_overlap's count of main CTAs whose dQ adds landed and
+    # [b, h, -1] pre_overlap's count of rows the preprocess wrote. Neither: the kernel never
+    # reads it, so a tiny uninitialized tensor (no fill launch) stands in
+    turns = sq_pad // cfg.tile_m if p.deterministic else 0
+    if p.deterministic or overlap:
+        sem = torch.zeros((b, h, turns + 2 * overlap), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head)

@@ -158,6 +158,16 @@ for step in "${steps[@]}"; do
           --shapes d128-16k-causal,d64-16k-causal,d128-16k,d96-16k,d64-16k,d128-1k-causal \
           --variant off=pre_overlap=False --variant p16=pre_ctas=16 --variant p32=pre_ctas=32 \
           --out "$OUT/tune_bwd_pre_overlap_c_$gpu.json" > "$OUT/tune_bwd_pre_overlap_c.log" 2>&1 ;;
+    det_ov)
+      # post_overlap and pre_overlap in the deterministic order (sem's counts after the
+      # turns): off / on, and the default order for the ratio; then its GPU tests
+      timeout 240 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d128-4k,d128-4k-causal,d96-4k-causal,d64-4k,d128-16k-causal \
+          --variant base= --variant det_off=deterministic=1,pre_overlap=False,post_overlap=False \
+          --variant det_on=deterministic=1 \
+          --out "$OUT/tune_bwd_det_overlap_$gpu.json" > "$OUT/tune_bwd_det_overlap.log" 2>&1
+      gpu_tests 300 gpu_tests_det_overlap.log tests/test_bwd_sm90.py -k "deterministic and \
+          not 192 and not 256" ;;
     preov_tests)
       # pre_overlap in the table and the lse gradient folded into every preprocess: the
       # sweep's bf16 cases at D <= 128 in every mode, the lse-gradient tests (dense and
@@ -308,6 +318,7 @@ for step in "${steps[@]}"; do
     preov_ab) tail -30 "$OUT/tune_bwd_pre_overlap.log" ;;
     preov_ab2) tail -17 "$OUT/tune_bwd_pre_overlap_b.log" ;;
     preov_ab3) tail -20 "$OUT/tune_bwd_pre_overlap_c.log" ;;
+    det_ov) tail -17 "$OUT/tune_bwd_det_overlap.log"; tail -4 "$OUT/gpu_tests_det_overlap.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
     postov_check) grep -A6 "^shape" "$OUT/tune_bwd_post_overlap_b.log"

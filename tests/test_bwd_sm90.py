@@ -582,9 +582,9 @@ print(json.dumps(out))
 
 @pytest.mark.compile
 def test_bwd_overlaps_reach_every_kernel(tmp_path):
-    # post_overlap (the table's choice at D=128 unmasked): the main kernel lets its dependent
-    # launch (griddepcontrol.launch_dependents, SASS PREEXIT) and counts each CTA done with one
-    # release add, spill-free; the deterministic variant does neither; the waiting
+    # post_overlap (the table's choice at D=128 unmasked, default and deterministic order):
+    # the main kernel lets its dependent launch (griddepcontrol.launch_dependents, SASS
+    # PREEXIT) and counts each CTA done with a release add, spill-free; the waiting
     # postprocess polls its count with strong loads and backs off between them.
     # pre_overlap: the main kernel's load and dQ-writer warps poll their head's ready count
     # with strong loads and fence the async proxy after it; the persistent preprocess lets
@@ -593,12 +593,10 @@ def test_bwd_overlaps_reach_every_kernel(tmp_path):
     r = run_json_snippet(_POST_OVERLAP_SNIPPET, tmp_path, timeout=900)
     if not r["main"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
-    assert r["main"]["on"] and r["main"]["trigger"] == 1 and r["main"]["spills"] == 0, r
-    assert r["main"]["count"] >= 1, r
-    assert not r["det"]["on"] and r["det"]["trigger"] == 0, r
+    for v in (r["main"], r["det"]):
+        assert v["on"] and v["pre_on"] and v["trigger"] == 1 and v["spills"] == 0, r
+        assert v["count"] >= 1 and v["poll"] >= 2 and v["proxy"] >= 2, r
     assert r["post"]["poll"] >= 1 and r["post"]["sleep"] >= 1, r
-    assert r["main"]["pre_on"] and r["main"]["poll"] >= 2 and r["main"]["proxy"] >= 2, r
-    assert not r["det"]["pre_on"], r
     assert r["pre"]["trigger"] == 1 and r["pre"]["loads"] == 8, r
     assert r["pre"]["count"] >= 1 and r["pre"]["spills"] == 0, r
 

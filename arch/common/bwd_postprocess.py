@@ -105,7 +105,7 @@ class BwdPostprocess:
         done (release after the adds landed; this acquire makes them visible)."""
         if cutlass.const_expr(self.wait_done):
             if cute.arch.thread_idx()[0] == 0:
-                ptr = mDone.iterator + cute.crd2idx((batch, head, 0), mDone.layout)
+                ptr = mDone.iterator + cute.crd2idx((batch, head, mDone.shape[2] - 2), mDone.layout)
                 wait_at_least(ptr, done_target, 512)
             cute.arch.sync_threads()
 

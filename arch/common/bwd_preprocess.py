@@ -27,12 +27,12 @@ and columns included: the tile's real elements sit anywhere in it.
 The lse gradient (`dlse`): when lse is used downstream its gradient enters D, so dsum = dot
 - dlse[b, h, i] on the query rows (dlse laid out like lse).
 
-Persistent, under the main grid (`persistent`, BwdTileConfig.pre_overlap; dense only): a grid
+Persistent, beside the main grid (`persistent`, BwdTileConfig.pre_overlap; dense only): a grid
 of `num_ctas` CTAs of PERSISTENT_THREADS threads (one an SM: the registers of two do not
 fit) walks items of `item_rows` rows of one (batch, head) pair, pair after pair in the main
 grid's order. Each CTA allows the main kernel to launch at once
 (griddepcontrol.launch_dependents), so the main grid takes the other SMs while this runs;
-every warp, once its rows of an item are written, adds their count to `ready[b, h, 1]` with
+every warp, once its rows of an item are written, adds their count to `ready[b, h, -1]` with
 a release, and the main kernel's load and dQ-writer warps wait (acquire) for their head's
 count to reach its padded rows before they read lse_log2 / D or add into the accumulator.
 Each thread loads `unroll` rows before it reduces any, so one SM keeps enough bytes in
@@ -114,7 +114,7 @@ class BwdPreprocess:
         self.dq_flat_dim = dq_flat_dim
         # the lse gradient is subtracted from D
         self.dlse = dlse
-        # a grid of a few CTAs under the main kernel, counting ready rows per (batch, head)
+        # a grid of a few CTAs beside the main kernel, counting ready rows per (batch, head)
         self.persistent = persistent
         self._setup_attributes()
 
@@ -150,7 +150,7 @@ class BwdPreprocess:
         mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed); dq_flat_dim: (b, s_pad, h, that)
         mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
         max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
-        mReady: cute.Tensor | None,  # persistent: (b, h, x) int32, ready rows at [b, h, 1]
+        mReady: cute.Tensor | None,  # persistent: (b, h, x) int32, ready rows at [b, h, x - 1]
         num_ctas: Int32,  # persistent: the grid
         stream: cuda.CUstream,
     ):
@@ -244,21 +244,9 @@ class BwdPreprocess:
                 row = row0 + u * self.rows_per_cta + group
                 dot = cutlass.select_(row < seqlen, self._dot(*loaded[u]), Float32(0.0))
                 self._finish_row(
-                    mLSE,
-                    mdLSE,
-                    mLSE2,
-                    mDsum,
-                    mdQacc,
-                    b,
-                    Int32(0),
-                    Int32(0),
-                    row,
-                    head,
-                    lane,
-                    seqlen,
-                    rows,
-                    dot,
-                )
+                    mLSE, mdLSE, mLSE2, mDsum, mdQacc, b, Int32(0), Int32(0), row, head, lane,
+                    seqlen, rows, dot,
+                )  # fmt: skip
             # the warp's rows of this item (below `rows`) are written: count them ready. The
             # warp barrier orders every lane's stores before lane 0's release.
             cute.arch.sync_warp()
@@ -268,7 +256,9 @@ class BwdPreprocess:
                     left = rows - (row0 + u * self.rows_per_cta + warp_group0)
                     done += cutlass.max(cutlass.min(left, self.groups_per_warp), 0)
                 if done > 0:
-                    ptr = mReady.iterator + cute.crd2idx((b, head, 1), mReady.layout)
+                    ptr = mReady.iterator + cute.crd2idx(
+                        (b, head, mReady.shape[2] - 1), mReady.layout
+                    )
                     cute.arch.atomic_add(ptr, done, sem="release", scope="gpu")
 
     @cute.jit

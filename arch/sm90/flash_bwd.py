@@ -244,12 +244,10 @@ class FlashBwdSm90:
         # dQ^T staged in register order (BwdTileConfig.dq_flat, arch/common/dq_flat.py)
         self.flat = cfg.dq_flat_tile()
         self.post_overlap = cfg.post_overlap
-        if self.post_overlap and (self.deterministic or self.varlen):
-            raise ValueError("post_overlap counts CTAs in sem: dense, not deterministic")
         # the persistent preprocess runs beside this grid (BwdTileConfig.pre_overlap)
         self.pre_overlap = cfg.pre_overlap
-        if self.pre_overlap and (self.deterministic or self.varlen):
-            raise ValueError("pre_overlap counts ready rows in sem: dense, not deterministic")
+        if (self.post_overlap or self.pre_overlap) and self.varlen:
+            raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
@@ -291,9 +289,9 @@ class FlashBwdSm90:
         mdQacc: cute.Tensor,
         mdK: cute.Tensor,  # (b, s_k, h, d): per query head (group_heads: (b, s_k, h_kv, d))
         mdV: cute.Tensor,  # (b, s_k, h, dv): per query head (group_heads: (b, s_k, h_kv, dv))
-        # (b, h, x) int32, zeroed: deterministic, a turn counter per query tile; post_overlap /
-        # pre_overlap, x = 2: [b, h, 0] counts this grid's CTAs done, [b, h, 1] the preprocess's
-        # ready rows; else unread
+        # (b, h, x) int32, zeroed: deterministic, a turn counter per query tile first; then,
+        # under post_overlap / pre_overlap, [b, h, x - 2] counts this grid's CTAs done and
+        # [b, h, x - 1] the preprocess's ready rows; else unread
         mSem: cute.Tensor,
         softmax_scale_log2: Float32,
         score_premul: Float32,
@@ -860,7 +858,10 @@ class FlashBwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 cute.arch.fence_proxy("async.global")
                 if lane == 0:
-                    cute.arch.atomic_add(sem_bh.iterator, Int32(1), sem="release", scope="gpu")
+                    done = mSem.iterator + cute.crd2idx(
+                        (mSem.shape[0] - 2, head_q, seq.q_batch), mSem.layout
+                    )
+                    cute.arch.atomic_add(done, Int32(1), sem="release", scope="gpu")
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
@@ -1274,7 +1275,7 @@ class FlashBwdSm90:
         and reduce-adds (async proxy) after that acquire."""
         if cutlass.const_expr(self.pre_overlap):
             if cute.arch.lane_idx() == 0:
-                ptr = mSem.iterator + cute.crd2idx((1, head_q, batch), mSem.layout)
+                ptr = mSem.iterator + cute.crd2idx((mSem.shape[0] - 1, head_q, batch), mSem.layout)
                 wait_at_least(ptr, rows, 128)
             cute.arch.sync_warp()
             cute.arch.fence_proxy("async.global")

@@ -1112,7 +1112,7 @@ def bwd_tile_config(
     # (tune_bwd_post_overlap_b_s56_h100.json): D=128 16k 629.4 / 628.5, 4k 567.7 / 574.1.
     # Dense, not deterministic (its turn counters use sem), head dims up to 128 (not
     # measured past them)
-    if not (deterministic or varlen) and head_dim <= 128:
+    if not varlen and head_dim <= 128:
         cfg = dataclasses.replace(cfg, post_overlap=True)
     # pre_overlap (the preprocess as a persistent grid of BWD_PRE_CTAS CTAs beside the main
     # grid, which waits per query head for its rows). Round-robin on an H100, TFLOP/s, off /
@@ -1123,7 +1123,7 @@ def bwd_tile_config(
     # 628.3, 1k causal 291.4 / 299.0; D=96 16k 554.5 / 565.3; D=64 16k 551.7 / 555.5, 16k
     # causal 551.9 / 554.5. The domain of post_overlap (sem holds the deterministic turns;
     # packed grids not built; not measured past D = 128)
-    if not (deterministic or varlen) and head_dim <= 128:
+    if not varlen and head_dim <= 128:
         cfg = dataclasses.replace(cfg, pre_overlap=True)
     return cfg
 
