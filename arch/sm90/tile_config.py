@@ -836,12 +836,12 @@ class BwdTileConfig:
     # kernel: each main CTA allows it to start at once (griddepcontrol.launch_dependents) and
     # counts itself done per query head once its dQ adds have landed; a postprocess CTA waits
     # for its head's count, so it converts on the SMs the main grid's last wave leaves idle
-    # instead of after the whole grid. Dense, not deterministic (sem holds the turns there)
+    # instead of after the whole grid. Dense (counts in sem after the deterministic turns)
     post_overlap: bool = False
     # the preprocess as a persistent grid of BWD_PRE_CTAS CTAs (one an SM) that the main
     # kernel, its programmatic dependent, runs beside on the other SMs; each main CTA's load
     # and dQ-writer warps wait per query head for the rows the preprocess counts ready
-    # (arch/common/bwd_preprocess.py). Dense, not deterministic (like post_overlap)
+    # (arch/common/bwd_preprocess.py). Dense (like post_overlap)
     pre_overlap: bool = False
 
     def __post_init__(self):
@@ -1110,8 +1110,7 @@ def bwd_tile_config(
     # D=96 4k 515.1 / 527.2, 16k causal 533.0 / 537.5, 4k causal (short rows) 459.7 / 471.3;
     # D=64 4k 521.0 / 530.6; again with the postprocess's 512 ns back-off
     # (tune_bwd_post_overlap_b_s56_h100.json): D=128 16k 629.4 / 628.5, 4k 567.7 / 574.1.
-    # Dense, not deterministic (its turn counters use sem), head dims up to 128 (not
-    # measured past them)
+    # Dense (the deterministic order too: below), head dims up to 128 (not measured past)
     if not varlen and head_dim <= 128:
         cfg = dataclasses.replace(cfg, post_overlap=True)
     # pre_overlap (the preprocess as a persistent grid of BWD_PRE_CTAS CTAs beside the main
@@ -1121,8 +1120,10 @@ def bwd_tile_config(
     # 463.6, 16k causal 531.4 / 538.6; D=64 4k 523.4 / 537.9. Off / 16 CTAs
     # (tune_bwd_pre_overlap_c_s57_h100.json): D=128 16k causal 616.0 / 620.4, 16k 619.2 /
     # 628.3, 1k causal 291.4 / 299.0; D=96 16k 554.5 / 565.3; D=64 16k 551.7 / 555.5, 16k
-    # causal 551.9 / 554.5. The domain of post_overlap (sem holds the deterministic turns;
-    # packed grids not built; not measured past D = 128)
+    # causal 551.9 / 554.5. The domain of post_overlap (packed grids not built; not measured
+    # past D = 128). In the deterministic order both (their counts after the turns in sem),
+    # off / on (tune_bwd_det_overlap_s57_h100.json): D=128 4k 501.7 / 516.0, 4k causal 462.8
+    # / 488.1, 16k causal 566.8 / 573.2; D=96 4k causal 384.4 / 401.2; D=64 4k 437.3 / 448.4
     if not varlen and head_dim <= 128:
         cfg = dataclasses.replace(cfg, pre_overlap=True)
     return cfg
