@@ -168,6 +168,24 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_det_overlap_$gpu.json" > "$OUT/tune_bwd_det_overlap.log" 2>&1
       gpu_tests 300 gpu_tests_det_overlap.log tests/test_bwd_sm90.py -k "deterministic and \
           not 192 and not 256" ;;
+    preov_896)
+      # the persistent preprocess on 896 threads a CTA (1,024 spilled one fp16 form): off /
+      # on again
+      timeout 150 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d128-4k,d128-1k,d64-4k,d96-16k-causal \
+          --variant off=pre_overlap=False --variant on= \
+          --out "$OUT/tune_bwd_pre_overlap_896_$gpu.json" > "$OUT/tune_bwd_pre_overlap_896.log" 2>&1 ;;
+    det_free)
+      # BwdTileConfig.det_free_early (the deterministic dQ writer gives the staged buffer back
+      # before it waits for the adds to land and hands the turn on) on / off, the default
+      # order for the ratio; then the deterministic tests at D <= 128
+      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d128-4k,d128-4k-causal,d96-4k-causal,d64-4k,d128-1k \
+          --variant base= --variant det=deterministic=1 \
+          --variant det_late=deterministic=1,det_free_early=False \
+          --out "$OUT/tune_bwd_det_free_$gpu.json" > "$OUT/tune_bwd_det_free.log" 2>&1
+      gpu_tests 240 gpu_tests_det_free.log tests/test_bwd_sm90.py -k "deterministic and \
+          not 192 and not 256" ;;
     preov_tests)
       # pre_overlap in the table and the lse gradient folded into every preprocess: the
       # sweep's bf16 cases at D <= 128 in every mode, the lse-gradient tests (dense and
@@ -319,6 +337,8 @@ for step in "${steps[@]}"; do
     preov_ab2) tail -17 "$OUT/tune_bwd_pre_overlap_b.log" ;;
     preov_ab3) tail -20 "$OUT/tune_bwd_pre_overlap_c.log" ;;
     det_ov) tail -17 "$OUT/tune_bwd_det_overlap.log"; tail -4 "$OUT/gpu_tests_det_overlap.log" ;;
+    preov_896) tail -10 "$OUT/tune_bwd_pre_overlap_896.log" ;;
+    det_free) tail -17 "$OUT/tune_bwd_det_free.log"; tail -4 "$OUT/gpu_tests_det_free.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
     postov_check) grep -A6 "^shape" "$OUT/tune_bwd_post_overlap_b.log"

@@ -56,7 +56,7 @@ from .softmax import LOG2E
 
 NUM_THREADS = 128
 # the persistent form: one CTA an SM, and at most 64 registers a thread
-PERSISTENT_THREADS = 1024
+PERSISTENT_THREADS = 896
 # 16-byte loads of dO / O a thread has in flight in the persistent form (rows x vectors)
 PERSISTENT_LOADS = 8
 

@@ -246,6 +246,8 @@ class FlashBwdSm90:
         self.post_overlap = cfg.post_overlap
         # the persistent preprocess runs beside this grid (BwdTileConfig.pre_overlap)
         self.pre_overlap = cfg.pre_overlap
+        # deterministic: the dQ buffer goes back before the turn (BwdTileConfig.det_free_early)
+        self.det_free_early = cfg.det_free_early and self.deterministic
         if (self.post_overlap or self.pre_overlap) and self.varlen:
             raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
@@ -853,6 +855,10 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(
                         barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
                     )
+                    if cutlass.const_expr(self.det_free_early and part == parts - 1):
+                        # the buffer went back once the adds had read it; the turn waits for
+                        # them to land
+                        self._dq_turn_done(sem_bh.iterator + m_block, lane)
             if cutlass.const_expr(self.post_overlap):
                 # this CTA's adds into head_q have landed: count it done for the postprocess
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -1410,12 +1416,17 @@ class FlashBwdSm90:
             cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
         cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
         cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and last_part):
-            # every part must have landed in global memory before the next tile's turn
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
-            cute.arch.fence_proxy("async.global")
-            if lane == 0:
-                cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
+        if cutlass.const_expr(self.deterministic and last_part and not self.det_free_early):
+            self._dq_turn_done(turn, lane)
         else:
             # the reduce must have read sdQ before the consumers overwrite it
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _dq_turn_done(self, turn: cute.Pointer, lane: Int32):
+        """Deterministic: hand the query tile's turn on once every part of this key tile's
+        add has landed in global memory."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        cute.arch.fence_proxy("async.global")
+        if lane == 0:
+            cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
