@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `preov_ab sdk_ab`:
-# the fifty-seventh session put BwdTileConfig.pre_overlap (the persistent preprocess beside
-# the main grid) in the table and post_overlap's last tests passed, on an H100 only, so the
-# pre_overlap A/B (`preov_ab`) is owed on an H200; the fifty-fourth session measured
+# installed there), by steps; the default is what is still pending, `preov_896 preov_tests
+# det_free`: the fifty-seventh session put BwdTileConfig.pre_overlap (the persistent
+# preprocess beside the main grid) in the table and post_overlap's last tests passed, on an
+# H100 only, with the persistent preprocess on 1,024 threads a CTA; it then went to 896
+# threads (1,024 spilled one fp16 form) after the device time ran out, so its A/B and tests
+# are owed again (`preov_896 preov_tests`), and BwdTileConfig.det_free_early was built but
+# never run (`det_free`, off in the table). The pre_overlap A/B (`preov_ab`) is owed on an
+# H200 too; the fifty-fourth session measured
 # BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
 # (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
 # (`bwd_touched`) are owed on an H200. The forward sweep has passed whole on H200s
@@ -80,7 +84,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab)
+[ ${#steps[@]} -eq 0 ] && steps=(preov_896 preov_tests det_free)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -177,12 +181,13 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_pre_overlap_896_$gpu.json" > "$OUT/tune_bwd_pre_overlap_896.log" 2>&1 ;;
     det_free)
       # BwdTileConfig.det_free_early (the deterministic dQ writer gives the staged buffer back
-      # before it waits for the adds to land and hands the turn on) on / off, the default
-      # order for the ratio; then the deterministic tests at D <= 128
+      # before it waits for the adds to land and hands the turn on; off in the table) off /
+      # on, the default order for the ratio; then the deterministic tests at D <= 128 (with
+      # it off: put it in the table first to test it)
       timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 \
           --shapes d128-4k,d128-4k-causal,d96-4k-causal,d64-4k,d128-1k \
           --variant base= --variant det=deterministic=1 \
-          --variant det_late=deterministic=1,det_free_early=False \
+          --variant det_early=deterministic=1,det_free_early=True \
           --out "$OUT/tune_bwd_det_free_$gpu.json" > "$OUT/tune_bwd_det_free.log" 2>&1
       gpu_tests 240 gpu_tests_det_free.log tests/test_bwd_sm90.py -k "deterministic and \
           not 192 and not 256" ;;

@@ -571,6 +571,13 @@ sass = _sass(compile_bwd_postprocess("bfloat16", 128, keep(), dq_flat=fields,
                                      wait_done=True).__cubin__)
 out["post"] = {"poll": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
                "sleep": sass.count("NANOSLEEP")}
+import dataclasses
+cfg = dataclasses.replace(bwd_tile_config(128, 128, True, False, deterministic=True),
+                          det_free_early=True)
+sass = _sass(compile_bwd(BwdSpec("bfloat16", 128, 128, 8, 8, True, True, False, cfg),
+                         keep()).__cubin__)
+out["det_early"] = {"spills": sass.count("STL") + sass.count("LDL"),
+                    "adds": len(re.findall(r"UBLKRED|UTMAREDG", sass))}
 sass = _sass(compile_bwd_preprocess("bfloat16", 128, 128, keep(), dq_flat_dim=128,
                                     persistent=True).__cubin__)
 out["pre"] = {"trigger": sass.count("PREEXIT"), "loads": sass.count("LDG.E.128"),
@@ -599,6 +606,8 @@ def test_bwd_overlaps_reach_every_kernel(tmp_path):
     assert r["post"]["poll"] >= 1 and r["post"]["sleep"] >= 1, r
     assert r["pre"]["trigger"] == 1 and r["pre"]["loads"] == 8, r
     assert r["pre"]["count"] >= 1 and r["pre"]["spills"] == 0, r
+    # det_free_early (off in the table, not yet run on a GPU) builds spill-free
+    assert r["det_early"]["spills"] == 0 and r["det_early"]["adds"] >= 1, r
 
 
 _SOFTCAP_D96_SNIPPET = r"""  # run after HGMMA_SHAPES

@@ -604,6 +604,8 @@ def test_bwd_pre_overlap_where_measured():
             kw = dict(zip(flags, on))
             assert bwd_tile_config(d, d, **kw).pre_overlap, (d, kw)
             assert bwd_tile_config(d, d, **kw, deterministic=True).pre_overlap, (d, kw)
+            # built, never run on a GPU (gpu_pending.sh det_free)
+            assert not bwd_tile_config(d, d, **kw, deterministic=True).det_free_early
             assert not bwd_tile_config(d, d, **kw, varlen=True).pre_overlap, (d, kw)
     for d, dv in ((192, 192), (192, 128), (256, 256)):
         for causal in (False, True):

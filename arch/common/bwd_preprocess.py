@@ -55,7 +55,8 @@ from .seqlen import padded_row_offset
 from .softmax import LOG2E
 
 NUM_THREADS = 128
-# the persistent form: one CTA an SM, and at most 64 registers a thread
+# the persistent form: one CTA an SM, at most 72 registers a thread (1,024 threads, 64
+# registers, spilled fp16 D=64's row-order form; the fifty-seventh session's GPU runs had 1,024)
 PERSISTENT_THREADS = 896
 # 16-byte loads of dO / O a thread has in flight in the persistent form (rows x vectors)
 PERSISTENT_LOADS = 8

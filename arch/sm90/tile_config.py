@@ -846,7 +846,8 @@ class BwdTileConfig:
     # deterministic order: the dQ writer gives a staged buffer back once the reduce-adds
     # have read it, and only then waits for them to land before handing the query tile's
     # turn on (instead of giving it back after the turn), so the consumers stage the next
-    # tile while the adds complete
+    # tile while the adds complete. Built and compiled spill-free (fifty-seventh session), not
+    # yet run on a GPU: off (scripts/gpu_pending.sh det_free)
     det_free_early: bool = False
 
     def __post_init__(self):
@@ -1131,9 +1132,6 @@ def bwd_tile_config(
     # / 488.1, 16k causal 566.8 / 573.2; D=96 4k causal 384.4 / 401.2; D=64 4k 437.3 / 448.4
     if not varlen and head_dim <= 128:
         cfg = dataclasses.replace(cfg, pre_overlap=True)
-    # det_free_early: NOT YET MEASURED
-    if deterministic and head_dim <= 128:
-        cfg = dataclasses.replace(cfg, det_free_early=True)
     return cfg
 
 
