@@ -299,13 +299,15 @@ def run_bwd(
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head)
     done = (sem, -(-sk // cfg.tile_n)) if cfg.post_overlap else (None, 0)
-    # pre_overlap: the persistent preprocess keeps at most half the SMs (the main grid takes
-    # the rest while it runs)
-    ctas = min(pre_ctas or BWD_PRE_CTAS, max(1, _num_sms(p.device_index) // 2))
+    ready = (None, 0)
+    if cfg.pre_overlap:
+        # the persistent preprocess keeps at most half the SMs (the main grid takes the rest
+        # while it runs)
+        ready = (sem, min(pre_ctas or BWD_PRE_CTAS, max(1, _num_sms(p.device_index) // 2)))
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)
     _launch(
         q, pre, (out, dout, lse.contiguous(), _dlse_rows(dlse), lse_log2, dsum, dq_acc, None, sq,
-                 *((sem, ctas) if cfg.pre_overlap else (None, 0))),
+                 *ready),
         main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
                None),
         post, (dq_acc, dq, p.softmax_scale, None, sq, *done),

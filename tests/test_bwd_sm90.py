@@ -610,6 +610,28 @@ def test_bwd_overlaps_reach_every_kernel(tmp_path):
     assert r["det_early"]["spills"] == 0 and r["det_early"]["adds"] >= 1, r
 
 
+@pytest.mark.parametrize("d,flat", [(64, 0), (64, 64), (96, 0), (96, 128), (128, 0), (128, 128)])
+def test_persistent_preprocess_counts_every_row_once(d, flat):
+    # the main kernel waits for a head's ready count to reach its padded rows: the persistent
+    # preprocess's items, passes and warps (kernel_persistent's arithmetic, mirrored) write
+    # each padded row once and count it once, for any thread count's row groups
+    from cute_attn.arch.common.bwd_preprocess import BwdPreprocess
+
+    p = BwdPreprocess(None, d, d, dq_flat_dim=flat, persistent=True)
+    for seqlen, tile_m in ((1, 64), (333, 80), (4096, 80), (1000, 96), (127, 128)):
+        rows = -(-seqlen // tile_m) * tile_m
+        written, counted = [], 0
+        for item in range(-(-rows // p.item_rows)):
+            row0 = item * p.item_rows
+            for warp in range(p.num_threads // 32):
+                g0 = warp * p.groups_per_warp
+                for u in range(p.unroll):
+                    first = row0 + u * p.rows_per_cta + g0
+                    counted += max(min(rows - first, p.groups_per_warp), 0)
+                    written += [r for r in range(first, first + p.groups_per_warp) if r < rows]
+        assert counted == rows and sorted(written) == list(range(rows)), (seqlen, tile_m)
+
+
 _SOFTCAP_D96_SNIPPET = r"""  # run after HGMMA_SHAPES
 import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
