@@ -858,16 +858,13 @@ class FlashBwdSm90:
                     if cutlass.const_expr(self.det_free_early and part == parts - 1):
                         # the buffer went back once the adds had read it; the turn waits for
                         # them to land
-                        self._dq_turn_done(sem_bh.iterator + m_block, lane)
+                        self._add_when_landed(sem_bh.iterator + m_block, lane)
             if cutlass.const_expr(self.post_overlap):
-                # this CTA's adds into head_q have landed: count it done for the postprocess
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.fence_proxy("async.global")
-                if lane == 0:
-                    done = mSem.iterator + cute.crd2idx(
-                        (mSem.shape[0] - 2, head_q, seq.q_batch), mSem.layout
-                    )
-                    cute.arch.atomic_add(done, Int32(1), sem="release", scope="gpu")
+                # count this CTA done for the postprocess once its adds into head_q landed
+                done = mSem.iterator + cute.crd2idx(
+                    (mSem.shape[0] - 2, head_q, seq.q_batch), mSem.layout
+                )
+                self._add_when_landed(done, lane)
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
@@ -1417,16 +1414,17 @@ class FlashBwdSm90:
         cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
         cute.arch.cp_async_bulk_commit_group()
         if cutlass.const_expr(self.deterministic and last_part and not self.det_free_early):
-            self._dq_turn_done(turn, lane)
+            # every part must have landed before the next key tile's turn
+            self._add_when_landed(turn, lane)
         else:
             # the reduce must have read sdQ before the consumers overwrite it
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _dq_turn_done(self, turn: cute.Pointer, lane: Int32):
-        """Deterministic: hand the query tile's turn on once every part of this key tile's
-        add has landed in global memory."""
+    def _add_when_landed(self, counter: cute.Pointer, lane: Int32):
+        """Add 1 to `counter` (release) once every reduce-add this warp issued has landed in
+        global memory: a query tile's deterministic turn, or the postprocess's done count."""
         cute.arch.cp_async_bulk_wait_group(0, read=False)
         cute.arch.fence_proxy("async.global")
         if lane == 0:
-            cute.arch.atomic_add(turn, Int32(1), sem="release", scope="gpu")
+            cute.arch.atomic_add(counter, Int32(1), sem="release", scope="gpu")
