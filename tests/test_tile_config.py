@@ -571,45 +571,32 @@ def test_bwd_s_under_dk_where_measured():
         BwdTileConfig(tile_m=128, split_mask_loops=True, s_under_dk=True)
 
 
-def test_bwd_post_overlap_where_measured():
-    # the postprocess under the main grid's last wave: on for dense calls at D <= 128 in
-    # every mask mode and tile (+0.8-2.5% from 4k, even at 16k,
-    # tune_bwd_post_overlap*_s56_h100.json), the deterministic order too (its counts after
-    # the turns in sem, tune_bwd_det_overlap_s57_h100.json); off for packed sequences (counts
-    # per dense (batch, head)) and past D = 128 (not measured)
-    from cute_attn.arch.sm90.tile_config import bwd_tile_config
-
-    flags = ("causal", "local", "softcap", "group_heads", "short")
-    for d in (64, 96, 128):
-        for on in itertools.product((False, True), repeat=len(flags)):
-            kw = dict(zip(flags, on))
-            assert bwd_tile_config(d, d, **kw).post_overlap, (d, kw)
-            assert bwd_tile_config(d, d, **kw, deterministic=True).post_overlap, (d, kw)
-            assert not bwd_tile_config(d, d, **kw, varlen=True).post_overlap, (d, kw)
-    for d, dv in ((192, 192), (192, 128), (256, 256)):
-        for causal in (False, True):
-            assert not bwd_tile_config(d, dv, causal, False).post_overlap
-
-
-def test_bwd_pre_overlap_where_measured():
-    # the persistent preprocess beside the main grid: where post_overlap is (+0.5-5% on an
-    # H100 at 1k-16k, tune_bwd_pre_overlap*_s57_h100.json), the deterministic order too; off
-    # for packed sequences and past D = 128; 16 CTAs (32 even or behind, 48 / 66 behind)
+def test_bwd_overlaps_where_measured():
+    # post_overlap, the postprocess under the main grid's last wave (+0.8-2.5% from 4k, even
+    # at 16k, tune_bwd_post_overlap*_s56_h100.json), and pre_overlap, the persistent
+    # preprocess beside the main grid (+0.5-5% on an H100 at 1k-16k,
+    # tune_bwd_pre_overlap*_s57_h100.json): on for dense calls at D <= 128 in every mask
+    # mode and tile, the deterministic order too (its counts after the turns in sem,
+    # tune_bwd_det_overlap_s57_h100.json); off for packed sequences (counts per dense
+    # (batch, head)) and past D = 128 (not measured). 16 preprocess CTAs (32 even or behind,
+    # 48 / 66 behind)
     from cute_attn.arch.sm90.tile_config import BWD_PRE_CTAS, bwd_tile_config
 
     assert BWD_PRE_CTAS == 16
     flags = ("causal", "local", "softcap", "group_heads", "short")
-    for d in (64, 96, 128):
-        for on in itertools.product((False, True), repeat=len(flags)):
-            kw = dict(zip(flags, on))
-            assert bwd_tile_config(d, d, **kw).pre_overlap, (d, kw)
-            assert bwd_tile_config(d, d, **kw, deterministic=True).pre_overlap, (d, kw)
-            # built, never run on a GPU (gpu_pending.sh det_free)
-            assert not bwd_tile_config(d, d, **kw, deterministic=True).det_free_early
-            assert not bwd_tile_config(d, d, **kw, varlen=True).pre_overlap, (d, kw)
-    for d, dv in ((192, 192), (192, 128), (256, 256)):
-        for causal in (False, True):
-            assert not bwd_tile_config(d, dv, causal, False).pre_overlap
+    for field in ("post_overlap", "pre_overlap"):
+        for d in (64, 96, 128):
+            for on in itertools.product((False, True), repeat=len(flags)):
+                kw = dict(zip(flags, on))
+                assert getattr(bwd_tile_config(d, d, **kw), field), (field, d, kw)
+                det = bwd_tile_config(d, d, **kw, deterministic=True)
+                assert getattr(det, field), (field, d, kw)
+                # built, never run on a GPU (gpu_pending.sh det_free)
+                assert not det.det_free_early, (d, kw)
+                assert not getattr(bwd_tile_config(d, d, **kw, varlen=True), field), (d, kw)
+        for d, dv in ((192, 192), (192, 128), (256, 256)):
+            for causal in (False, True):
+                assert not getattr(bwd_tile_config(d, dv, causal, False), field), (d, dv)
 
 
 def test_bwd_dq_staging_where_measured():
