@@ -180,16 +180,21 @@ for step in "${steps[@]}"; do
           --variant off=pre_overlap=False --variant on= \
           --out "$OUT/tune_bwd_pre_overlap_896_$gpu.json" > "$OUT/tune_bwd_pre_overlap_896.log" 2>&1 ;;
     det_free)
-      # BwdTileConfig.det_free_early (the deterministic dQ writer gives the staged buffer back
-      # before it waits for the adds to land and hands the turn on; off in the table) off /
-      # on, the default order for the ratio; then the deterministic tests at D <= 128 (with
-      # it off: put it in the table first to test it)
-      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 \
+      # the deterministic order: BwdTileConfig.det_free_early (the dQ writer gives the staged
+      # buffer back before it waits for the adds to land and hands the turn on) and L2
+      # sections (a pair's consecutive key tiles, whose turns follow each other, a section's
+      # width apart in the launch order), both off in the table, against the default order
+      # for the ratio
+      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 20 \
           --shapes d128-4k,d128-4k-causal,d96-4k-causal,d64-4k,d128-1k \
           --variant base= --variant det=deterministic=1 \
           --variant det_early=deterministic=1,det_free_early=True \
-          --out "$OUT/tune_bwd_det_free_$gpu.json" > "$OUT/tune_bwd_det_free.log" 2>&1
-      gpu_tests 240 gpu_tests_det_free.log tests/test_bwd_sm90.py -k "deterministic and \
+          --variant det_sec=deterministic=1,l2_section_bytes=33554432 \
+          --variant det_sec_early=deterministic=1,l2_section_bytes=33554432,det_free_early=True \
+          --out "$OUT/tune_bwd_det_free_$gpu.json" > "$OUT/tune_bwd_det_free.log" 2>&1 ;;
+    det_tests)
+      # the deterministic tests at D <= 128 (the table's order: put a variant in it first)
+      gpu_tests 300 gpu_tests_det_free.log tests/test_bwd_sm90.py -k "deterministic and \
           not 192 and not 256" ;;
     preov_tests)
       # pre_overlap in the table and the lse gradient folded into every preprocess: the
@@ -198,6 +203,10 @@ for step in "${steps[@]}"; do
       gpu_tests 330 gpu_tests_pre_overlap.log tests/test_bwd_sm90.py \
           tests/test_bwd_varlen_sm90.py -k "(sweep and (64-64-dtype0 or 96-96-dtype0 or \
           128-128-dtype0)) or lse_gradient or only_lse or cuda_graph or torch_compile" ;;
+    preov_fp16)
+      # the fp16 forms of the persistent preprocess (1,024 threads spilled one at D = 64)
+      gpu_tests 240 gpu_tests_pre_overlap_fp16.log tests/test_bwd_sm90.py -k "sweep and \
+          (64-64-dtype1 or 128-128-dtype1)" ;;
     preov_rest)
       gpu_tests 300 gpu_tests_pre_overlap_rest.log tests/test_bwd_sm90.py -k "group_heads or \
           deterministic_bitwise_over" ;;
@@ -343,9 +352,11 @@ for step in "${steps[@]}"; do
     preov_ab3) tail -20 "$OUT/tune_bwd_pre_overlap_c.log" ;;
     det_ov) tail -17 "$OUT/tune_bwd_det_overlap.log"; tail -4 "$OUT/gpu_tests_det_overlap.log" ;;
     preov_896) tail -10 "$OUT/tune_bwd_pre_overlap_896.log" ;;
-    det_free) tail -17 "$OUT/tune_bwd_det_free.log"; tail -4 "$OUT/gpu_tests_det_free.log" ;;
+    det_free) tail -26 "$OUT/tune_bwd_det_free.log" ;;
+    det_tests) tail -4 "$OUT/gpu_tests_det_free.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
+    preov_fp16) tail -6 "$OUT/gpu_tests_pre_overlap_fp16.log" ;;
     postov_check) grep -A6 "^shape" "$OUT/tune_bwd_post_overlap_b.log"
       tail -6 "$OUT/gpu_tests_post_overlap.log" ;;
     postov_ab) for f in tune_bwd_post_overlap tune_bwd_post_overlap_short; do

@@ -1,10 +1,11 @@
-"""The forward's launch orders on the CPU (host_jit.py).
+"""The launch orders on the CPU (host_jit.py).
 
 * L2 sections (arch/common/schedule.py): for grids of many shapes and section widths,
   `l2_section_coords` maps the grid's linear CTA index onto every (block, head, batch)
   exactly once, block-rank-major inside each section of 2^log_width (head, batch) pairs,
   with the pairs of a section consecutive and the last, partial section last; `reverse`
-  gives the block of rank r as blocks - 1 - r.
+  gives the block of rank r as blocks - 1 - r; a pair's block of rank r - 1 is launched
+  before its block of rank r (the backward's deterministic turns rely on it).
 * The persistent grid (PersistentUnits.unit_tile, arch/sm90/persistent.py): its work units,
   both halves under a mask, name every (query tile, head, batch) exactly once, unmasked,
   causal and under windows with and without a ramp.
@@ -93,6 +94,13 @@ def test_l2_sections_visit_every_tile_rank_major(grid, reverse):
         else:  # the last, partial section: rank-major over its pairs
             rest = linear - full * blocks
             assert (rank, pair) == (rest // (pairs - full), full + rest % (pairs - full)), grid
+    # the backward's deterministic turns (flash_bwd._dq_add): a key tile waits for the pair's
+    # tiles of lower rank, so each of them must be launched before it (no deadlock)
+    launched = {}
+    for linear, (block, head, batch) in enumerate(tiles):
+        launched[batch * heads + head, blocks - 1 - block if reverse else block] = linear
+    for (pair, rank), linear in launched.items():
+        assert rank == 0 or launched[pair, rank - 1] < linear, (grid, pair, rank)
 
 
 @functools.cache

@@ -71,7 +71,9 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
   * launch order (BwdTileConfig.l2_section_bytes, the table's choice under a causal mask):
     the (head, batch) pairs in L2 sections, key tile 0 of every pair of a section first
     (arch/common/schedule.py); on packed grids a pair's rows are the grid's key length (the
-    longest sequence); not with the deterministic order.
+    longest sequence). The deterministic order keeps its turns deadlock-free in sections
+    too: the key tile whose turn comes before a CTA's has the rank before its own, so it is
+    launched a section's width earlier.
   * GQA / MQA with `group_heads` (compile-time): the grid's head mode is the KV head and the
     CTA walks that head's query heads in turn, each with its query tiles, on the same Q / dO
     pipelines and dQ handoff; dK / dV keep accumulating in registers across the query heads
@@ -199,9 +201,6 @@ class FlashBwdSm90:
             raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
-        # the deterministic turns keep their order
-        if cfg.l2_section_bytes and self.deterministic:
-            raise ValueError("l2_section_bytes does not combine with the deterministic order")
         self.l2_sections = cfg.l2_section_bytes > 0
         # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator,
         # lse and D of one query head (a group_heads CTA walks its query heads one at a time)
@@ -1397,9 +1396,9 @@ class FlashBwdSm90:
             # (band mask). Without a right bound they go left to right; with one (causal)
             # right to left, because the tile nearest the diagonal reaches this query tile
             # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
-            # the unordered speed at D=128 causal). The tiles waited on have lower block
-            # indices (the grid is reversed in the right-to-left case), so they are
-            # running or done: no deadlock.
+            # the unordered speed at D=128 causal). The tiles waited on are launched
+            # earlier (the grid is reversed in the right-to-left case; L2 sections launch a
+            # pair's key tiles in rank order too), so they are running or done: no deadlock.
             if cutlass.const_expr(self.has_right):
                 my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
             else:

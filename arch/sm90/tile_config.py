@@ -798,7 +798,9 @@ class BwdTileConfig:
     # > 0: launch a dense grid in L2 sections (arch/common/schedule.py) of as many (head,
     # batch) pairs as fit this many bytes of Q, dO, lse, D and the dQ accumulator, key tile
     # 0 of every pair in a section first (under a causal mask the longest CTAs); 0: pair after
-    # pair, each pair's key tiles in order. Not with the deterministic order (right to left)
+    # pair, each pair's key tiles in order. In the deterministic order (key tiles by rank,
+    # right to left under a causal mask) it also spaces a pair's consecutive key tiles, whose
+    # dQ turns follow each other, a section's width apart in the launch order
     l2_section_bytes: int = 0
     # 0: dQ^T's head-dim rows are the tiles' head dim. Else (dq_swap_ab with dq_half_staging)
     # K's smem tile spans this many columns, zero-filled by TMA past the tensor's, so dQ^T =
