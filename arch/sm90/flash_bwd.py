@@ -245,8 +245,6 @@ class FlashBwdSm90:
         self.post_overlap = cfg.post_overlap
         # the persistent preprocess runs beside this grid (BwdTileConfig.pre_overlap)
         self.pre_overlap = cfg.pre_overlap
-        # deterministic: the dQ buffer goes back before the turn (BwdTileConfig.det_free_early)
-        self.det_free_early = cfg.det_free_early and self.deterministic
         if (self.post_overlap or self.pre_overlap) and self.varlen:
             raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
@@ -854,10 +852,6 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(
                         barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
                     )
-                    if cutlass.const_expr(self.det_free_early and part == parts - 1):
-                        # the buffer went back once the adds had read it; the turn waits for
-                        # them to land
-                        self._add_when_landed(sem_bh.iterator + m_block, lane)
             if cutlass.const_expr(self.post_overlap):
                 # count this CTA done for the postprocess once its adds into head_q landed
                 done = mSem.iterator + cute.crd2idx(
@@ -1412,7 +1406,7 @@ class FlashBwdSm90:
             cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
         cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
         cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and last_part and not self.det_free_early):
+        if cutlass.const_expr(self.deterministic and last_part):
             # every part must have landed before the next key tile's turn
             self._add_when_landed(turn, lane)
         else:

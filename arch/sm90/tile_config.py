@@ -845,12 +845,6 @@ class BwdTileConfig:
     # and dQ-writer warps wait per query head for the rows the preprocess counts ready
     # (arch/common/bwd_preprocess.py). Dense (like post_overlap)
     pre_overlap: bool = False
-    # deterministic order: the dQ writer gives a staged buffer back once the reduce-adds
-    # have read it, and only then waits for them to land before handing the query tile's
-    # turn on (instead of giving it back after the turn), so the consumers stage the next
-    # tile while the adds complete. Built and compiled spill-free (fifty-seventh session), not
-    # yet run on a GPU: off (scripts/gpu_pending.sh det_free)
-    det_free_early: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
@@ -1092,9 +1086,29 @@ def bwd_tile_config(
     # their own tiles. Larger budgets: D=128 1k 0.580 with 128 MiB (sections of 64 pairs),
     # D=64 1k 0.700; every (head, batch) pair in one section (key tile major over the whole
     # grid): D=128 4k 2.060 ms against 1.387, the Q / dO / dQ working set no longer fits L2
-    # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead.
+    # (tune_bwd_lpt_h200.json). The deterministic order launches right to left instead
+    # (below: its unmasked grids take sections of their own).
     if causal and not local and not deterministic and head_dim > 64:
         cfg = dataclasses.replace(cfg, l2_section_bytes=BWD_L2_SECTION_BYTES)
+    # The unmasked deterministic order in L2 sections too: a key tile's dQ turn waits for the
+    # pair's tile of the rank before, which sections launch a section's width (2^k pairs)
+    # earlier instead of right before it, so it is that much further on its walk. Round-robin
+    # on an H100, TFLOP/s, default order / deterministic without / with sections of 32 MiB
+    # (tune_bwd_det_free_s58_h100.json, tune_bwd_det_sec_rows_s58_h100.json; same gradients):
+    # D=128 4k 601.4 / 500.9 / 555.5, 1k 480.3 / 401.1 / 426.1, 16k 633.9 / 604.1 / 603.6 (one
+    # pair a section); D=64 4k 544.4 / 432.2 / 522.5, 1k 429.5 / 344.9 / 395.8, 16k 556.0 /
+    # 547.9 / 552.2. D=96 took 16 MiB: without / 32 / 16 / 8 MiB
+    # (tune_bwd_det_sec_width_s58_h100.json, _c_): 1k 319.8 / 285.0 / 341.7 / 339.0, 4k 419.6
+    # / 447.7 / 459.9 / 445.1 and 424.2 / 448.7 / 466.9 / -, 16k 496.9 / 496.8 / 490.7 / -;
+    # D=128 and 64 kept 32 MiB, 32 / 16 / 24 MiB (_b_): D=128 4k 563.0 / 547.9 / 562.0, D=64 4k
+    # 514.3 / 513.3 / 514.3, 1k 385.5 / 372.3 / 371.4. Not under a causal mask, whose turns run
+    # right to left and whose sections then start each pair's longest tile last: 4k causal,
+    # without / with, D=128 483.3 / 476.1, D=96 399.8 / 365.0; 1k causal, without / 16 / 32
+    # MiB, D=96 233.3 / 219.9 / 189.1, D=128 297.4 / 292.1 / 280.1. Windows, packed sequences,
+    # group_heads and head dims past 128 were not measured.
+    if deterministic and not (causal or local or varlen or group_heads) and head_dim <= 128:
+        budget = BWD_L2_SECTION_BYTES // 2 if head_dim == 96 else BWD_L2_SECTION_BYTES
+        cfg = dataclasses.replace(cfg, l2_section_bytes=budget)
     # s_under_dk (the next query tile's S^T queued behind this tile's dK) on D = 128's
     # unmasked dense tiles. Two round-robin runs on an H100, TFLOP/s, table / s_under_dk
     # (tune_bwd_sdk_s54_h100.json, tune_bwd_sdk_b_s54_h100.json; same gradients): 16k 607.4 /
