@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `preov_896 preov_tests
-# det_free`: the fifty-seventh session put BwdTileConfig.pre_overlap (the persistent
-# preprocess beside the main grid) in the table and post_overlap's last tests passed, on an
-# H100 only, with the persistent preprocess on 1,024 threads a CTA; it then went to 896
-# threads (1,024 spilled one fp16 form) after the device time ran out, so its A/B and tests
-# are owed again (`preov_896 preov_tests`), and BwdTileConfig.det_free_early was built but
-# never run (`det_free`, off in the table). The pre_overlap A/B (`preov_ab`) is owed on an
+# installed there), by steps; the default is what is still pending, `det_sec_tests`: the
+# fifty-eighth session put L2 sections in the unmasked deterministic order (bwd_tile_config)
+# after an H100 A/B and the deterministic tests at D <= 128 (with 32 MiB sections at D = 96,
+# since 16), and removed BwdTileConfig.det_free_early (it lost everywhere); the new test of
+# the turns across sections and a partial last one, and the D = 96 deterministic tests on
+# the final table, are owed (`det_sec_tests`). The persistent preprocess on 896 threads
+# passed its A/B and tests then (`preov_896 preov_tests preov_fp16`). The pre_overlap A/B
+# (`preov_ab`) is owed on an
 # H200 too; the fifty-fourth session measured
 # BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
 # (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
@@ -84,7 +85,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(preov_896 preov_tests det_free)
+[ ${#steps[@]} -eq 0 ] && steps=(det_sec_tests)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -180,18 +181,19 @@ for step in "${steps[@]}"; do
           --variant off=pre_overlap=False --variant on= \
           --out "$OUT/tune_bwd_pre_overlap_896_$gpu.json" > "$OUT/tune_bwd_pre_overlap_896.log" 2>&1 ;;
     det_free)
-      # the deterministic order: BwdTileConfig.det_free_early (the dQ writer gives the staged
-      # buffer back before it waits for the adds to land and hands the turn on) and L2
-      # sections (a pair's consecutive key tiles, whose turns follow each other, a section's
-      # width apart in the launch order), both off in the table, against the default order
-      # for the ratio
+      # the deterministic order with and without L2 sections (the table's: unmasked, D <=
+      # 128) against the default order for the ratio (the fifty-eighth session's run also
+      # had BwdTileConfig.det_free_early, since removed)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 20 \
           --shapes d128-4k,d128-4k-causal,d96-4k-causal,d64-4k,d128-1k \
           --variant base= --variant det=deterministic=1 \
-          --variant det_early=deterministic=1,det_free_early=True \
-          --variant det_sec=deterministic=1,l2_section_bytes=33554432 \
-          --variant det_sec_early=deterministic=1,l2_section_bytes=33554432,det_free_early=True \
+          --variant det_nosec=deterministic=1,l2_section_bytes=0 \
           --out "$OUT/tune_bwd_det_free_$gpu.json" > "$OUT/tune_bwd_det_free.log" 2>&1 ;;
+    det_sec_tests)
+      # the unmasked deterministic order in L2 sections: the test with a partial last
+      # section, and the deterministic tests at D = 96 (its 16 MiB sections)
+      gpu_tests 240 gpu_tests_det_sections.log tests/test_bwd_sm90.py -k \
+          "deterministic_in_l2 or (deterministic and 96)" ;;
     det_tests)
       # the deterministic tests at D <= 128 (the table's order: put a variant in it first)
       gpu_tests 300 gpu_tests_det_free.log tests/test_bwd_sm90.py -k "deterministic and \
@@ -354,6 +356,7 @@ for step in "${steps[@]}"; do
     preov_896) tail -10 "$OUT/tune_bwd_pre_overlap_896.log" ;;
     det_free) tail -26 "$OUT/tune_bwd_det_free.log" ;;
     det_tests) tail -4 "$OUT/gpu_tests_det_free.log" ;;
+    det_sec_tests) tail -4 "$OUT/gpu_tests_det_sections.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
     preov_fp16) tail -6 "$OUT/gpu_tests_pre_overlap_fp16.log" ;;

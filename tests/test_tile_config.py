@@ -876,9 +876,9 @@ def test_bwd_short_rows_rule_and_tiles():
 def test_bwd_l2_sections_where_measured():
     # L2 sections under the causal mask at D >= 96 (+2..3% at 4k, equal at 1k and 16k), not at
     # D=64 (-2.5% at 1k); never windowed; unmasked only in the deterministic order at D <= 128
-    # (its turns' launch distance: +5..21% on an H100), half the budget at D = 96, dense and
-    # per query head (packed sequences and group_heads not measured), never under its causal
-    # mask (which launches right to left: -1.5..10%)
+    # (its turns' launch distance: +6..21% on an H100 from 1k to 4k), half the budget at
+    # D = 96, dense and per query head (packed sequences and group_heads not measured), never
+    # under its causal mask (which launches right to left: -1.5..19%)
     from cute_attn.arch.sm90.tile_config import BWD_L2_SECTION_BYTES, bwd_tile_config
 
     def sections(d, dv, causal, local=False, det=False, **kw):
