@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, `det_sec_tests`: the
-# fifty-eighth session put L2 sections in the unmasked deterministic order (bwd_tile_config)
-# after an H100 A/B and the deterministic tests at D <= 128 (with 32 MiB sections at D = 96,
-# since 16), and removed BwdTileConfig.det_free_early (it lost everywhere); the new test of
-# the turns across sections and a partial last one, and the D = 96 deterministic tests on
-# the final table, are owed (`det_sec_tests`). The persistent preprocess on 896 threads
-# passed its A/B and tests then (`preov_896 preov_tests preov_fp16`). The pre_overlap A/B
-# (`preov_ab`) is owed on an
+# installed there), by steps; the default is what is still pending, on an H200: `preov_ab
+# sdk_ab sdk_rows bwd_bench bwd_touched`. The fifty-eighth session put L2 sections in the
+# unmasked deterministic order (bwd_tile_config) and removed BwdTileConfig.det_free_early
+# (it lost everywhere), and checked the persistent preprocess on 896 threads
+# (`preov_896 preov_tests preov_fp16`) and the new deterministic tests (`det_sec_tests`),
+# on an H100 only. The pre_overlap A/B (`preov_ab`) is owed on an
 # H200 too; the fifty-fourth session measured
 # BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
 # (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
@@ -85,7 +83,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(det_sec_tests)
+[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
