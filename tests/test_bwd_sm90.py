@@ -36,6 +36,16 @@ def _grads(fn, q, k, v, dout, dlse_w=None):
     return out, gq, gk, gv
 
 
+def _assert_bitwise(q, k, v, dout, runs, **kw):
+    """The kernel's gradients are bitwise equal over `runs` calls (the deterministic order)."""
+    first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
+    assert last_backward_dispatch().impl == "sm90_bwd"
+    for _ in range(runs - 1):
+        again = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
+        for a, b in zip(first, again):
+            assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
 def _check(q, k, v, dout, lse_grad=False, expect="sm90_bwd", **kw):
     dlse_w = None
     if lse_grad:
@@ -132,11 +142,7 @@ def test_bwd_group_heads_deterministic_bitwise(grouped_heads, causal, d):
     q, k, v, dout = _inputs(2, 1024, 1024, 8, 2, d, d, torch.bfloat16)
     kw = dict(causal=causal, deterministic=True)
     _check(q, k, v, dout, **kw)
-    first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
-    for _ in range(5):
-        again = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
-        for a, b in zip(first, again):
-            assert torch.equal(a, b), "deterministic backward differs between runs"
+    _assert_bitwise(q, k, v, dout, 6, **kw)
     assert {key.group_heads for key in grouped_heads} == {True}
 
 
@@ -221,13 +227,8 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
     _bwd_key.cache_clear()
     try:
         q, k, v, dout = _inputs(3, sq, 1000, 3, 3, d, d, torch.bfloat16)
-        kw = dict(deterministic=True)
-        _check(q, k, v, dout, **kw)
-        first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
-        for _ in range(5):
-            again = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
-            for a, b in zip(first, again):
-                assert torch.equal(a, b), "deterministic backward differs between runs"
+        _check(q, k, v, dout, deterministic=True)
+        _assert_bitwise(q, k, v, dout, 6, deterministic=True)
     finally:
         _bwd_key.cache_clear()
     assert {tc.BwdTileConfig(*key.tile).l2_section_bytes for key in built_bwd_keys} == {
@@ -312,13 +313,7 @@ def test_bwd_deterministic_matches_reference(d, dv, kw, sq, sk):
 def test_bwd_deterministic_bitwise_over_20_runs(causal, d, dv):
     # long enough that many key tiles add into each query tile's dQ (where order matters)
     q, k, v, dout = _inputs(2, 2048, 2048, 4, 2, d, dv, torch.bfloat16)
-    kw = dict(causal=causal, deterministic=True)
-    first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
-    assert last_backward_dispatch().impl == "sm90_bwd"
-    for _ in range(19):
-        again = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[1:]
-        for a, b in zip(first, again):
-            assert torch.equal(a, b), "deterministic backward differs between runs"
+    _assert_bitwise(q, k, v, dout, 20, causal=causal, deterministic=True)
 
 
 @pytest.mark.gpu
