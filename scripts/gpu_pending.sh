@@ -27,6 +27,9 @@
 #               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
 #               and causal (D = 64 causal excluded: ptxas serializes its wgmmas there), and
 #               in the deterministic order
+#   skip_ab     scripts/tune_bwd_sm90.py: BwdTileConfig.dq_skip_zero_rows off / on at D = 96,
+#               default and deterministic order; skip_tests: the backward tests the
+#               warp-major flat tile and the skipped rows touch (193)
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -187,6 +190,23 @@ for step in "${steps[@]}"; do
           --variant base= --variant det=deterministic=1 \
           --variant det_nosec=deterministic=1,l2_section_bytes=0 \
           --out "$OUT/tune_bwd_det_free_$gpu.json" > "$OUT/tune_bwd_det_free.log" 2>&1 ;;
+    skip_ab)
+      # BwdTileConfig.dq_skip_zero_rows (D = 96's flat dQ^T adds without its zero rows
+      # 96..127): off / on, in the default and the deterministic order
+      timeout 470 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d96-4k,d96-1k,d96-4k-causal,d96-16k-causal \
+          --variant noskip=dq_skip_zero_rows=False --variant skip= \
+          --variant det_noskip=deterministic=1,dq_skip_zero_rows=False \
+          --variant det=deterministic=1 \
+          --out "$OUT/tune_bwd_skip_zero_$gpu.json" > "$OUT/tune_bwd_skip_zero.log" 2>&1 ;;
+    skip_tests)
+      # the warp-major flat dQ tile (every dq_flat tile: D = 64 / 96 / 128) and D = 96's adds
+      # without its zero rows: the sweep's bf16 cases at D = 64 / 128 and D = 96's in both
+      # dtypes, the lse-gradient tests (dense and packed), D = 96 deterministic and
+      # group_heads, CUDA graphs (193)
+      gpu_tests 560 gpu_tests_skip_zero.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
+          -k "(sweep and (64-64-dtype0 or 96-96 or 128-128-dtype0)) or lse_gradient or \
+          only_lse or (deterministic and 96) or (group_heads and 96) or cuda_graph" ;;
     det_sec_tests)
       # the unmasked deterministic order in L2 sections: the test with a partial last
       # section, and the deterministic tests at D = 96 (its 16 MiB sections)
@@ -355,6 +375,8 @@ for step in "${steps[@]}"; do
     det_free) tail -26 "$OUT/tune_bwd_det_free.log" ;;
     det_tests) tail -4 "$OUT/gpu_tests_det_free.log" ;;
     det_sec_tests) tail -4 "$OUT/gpu_tests_det_sections.log" ;;
+    skip_ab) tail -30 "$OUT/tune_bwd_skip_zero.log" ;;
+    skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
     preov_fp16) tail -6 "$OUT/gpu_tests_pre_overlap_fp16.log" ;;

@@ -67,12 +67,28 @@ def test_flat_layout_is_a_bijection_and_flat_coords_inverts_it(tile):
 def test_flat_layout_puts_each_threads_2x2_block_in_one_16_byte_run():
     # wgmma C fragment (m64nNk16): thread t = 32 w + l holds rows d = 16 w + l // 4 (+ 8) and
     # columns q = 8 j + 2 (l % 4) (+ 1) of each group's columns; its block j is 4 contiguous
-    # floats at (j * 128 + t) * 4, so a warp's 128-bit stores cover 512 contiguous bytes
+    # floats at ((w * J + j) * 32 + l) * 4, so a warp's 128-bit stores cover 512 contiguous
+    # bytes, and each warp's blocks are one run of warp_elems
     tile = DqFlatTile(80, 2, 1)
     for w, lane, j in itertools.product(range(4), range(32), range(tile.chunks)):
         d, q = 16 * w + lane // 4, 8 * j + 2 * (lane % 4)
         block = [tile.offset(d + 8 * h, q + e) for h in (0, 1) for e in (0, 1)]
-        assert block == [(j * 128 + 32 * w + lane) * 4 + i for i in range(4)]
+        assert block == [((w * tile.chunks + j) * 32 + lane) * 4 + i for i in range(4)]
+        assert block[0] // tile.warp_elems == w
+
+
+@pytest.mark.parametrize("tile", [DqFlatTile(96, 2, 1), DqFlatTile(80, 2, 1)], ids=str)
+def test_zero_rows_past_the_head_dim_are_whole_runs_at_the_part_end(tile):
+    # D = 96 over dQ^T's 128 rows (BwdTileConfig.dq_head_dim): the writer adds only the
+    # live_warps runs of each part, so every real element must lie in them and every element
+    # of the rows past 96 after them
+    dims = 96
+    assert [tile.live_warps(p, dims) for p in range(tile.parts)] == [4, 2]
+    for d in range(tile.head_dim):
+        for q in range(tile.tile_m):
+            part, r = divmod(tile.offset(d, q), tile.part_elems)
+            live = r < tile.live_warps(part, dims) * tile.warp_elems
+            assert live == (d < dims), (d, q)
 
 
 def test_dq_flat_needs_the_swapped_dq_gemm():

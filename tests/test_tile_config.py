@@ -691,9 +691,11 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
         assert (cfg.padded_head_dim, cfg.dq_head_dim, cfg.tile_m) == (0, 128, 96)
         # D=128's unmasked dense tile alone takes s_under_dk (test_bwd_s_under_dk_where_measured)
         # and a deterministic section twice D=96's (test_bwd_l2_sections_where_measured)
+        # the flat tile's adds skip dQ^T's zero rows 96..127 (dq_skip_zero_rows)
+        assert cfg.dq_skip_zero_rows
         assert d128 == dataclasses.replace(
             cfg, dq_head_dim=0, tile_m=80, s_under_dk=d128.s_under_dk,
-            l2_section_bytes=d128.l2_section_bytes,
+            l2_section_bytes=d128.l2_section_bytes, dq_skip_zero_rows=False,
         )  # fmt: skip
         assert cfg.tile_head_dims(96, 96) == (96, 96)
         assert cfg.dq_tile_head_dim(96) == 128
@@ -867,7 +869,9 @@ def test_bwd_short_rows_rule_and_tiles():
             # the same kernel on fewer rows, with the swizzled dQ staging (dq_flat lost at 64
             # rows) and the next tile's S^T behind dK
             assert base.dq_flat and not short.dq_flat and short.s_under_dk
-            assert short == dataclasses.replace(base, tile_m=64, dq_flat=False, s_under_dk=True)
+            assert short == dataclasses.replace(
+                base, tile_m=64, dq_flat=False, s_under_dk=True, dq_skip_zero_rows=False
+            )
             # softcap's tile has 64 rows already: the bucket changes nothing there
             sc = bwd_tile_config(d, d, causal, False, softcap=True)
             assert bwd_tile_config(d, d, causal, False, softcap=True, short=True) == sc

@@ -3,9 +3,9 @@
 With dQ^T = K^T dS^T on SM90 (BwdTileConfig.dq_swap_ab) each thread's accumulator holds, per
 8 query columns, a 2 x 2 block: query rows q, q + 1 of head dims d, d + 8. In a (query, head
 dim) staging tile those four floats sit in two rows, so the staging takes 32-bit stores. The
-flat tile instead stores each block as 4 contiguous floats, thread after thread (chunk j of
-every thread, then chunk j + 1), so a warp's 128-bit stores cover 512 contiguous bytes (no
-bank conflicts), and the writer adds the tile into global memory as one contiguous run
+flat tile instead stores each block as 4 contiguous floats, lane after lane (a warp's chunk j,
+then its chunk j + 1, then the next warp's), so a warp's 128-bit stores cover 512 contiguous
+bytes (no bank conflicts), and the writer adds the tile into global memory in contiguous runs
 (BwdTileConfig.dq_flat). The fp32 accumulator in global memory is then (batch, head, row,
 dq_head_dim) with each tile of tile_m rows holding its elements in this order, and the
 postprocess (bwd_postprocess) maps them back to (row, dim).
@@ -15,8 +15,11 @@ tile_m query columns: under dq_half_staging each warpgroup owns one part (parts 
 = 1), else the warpgroups split the query columns of the one part (parts = 1, groups = the
 warpgroups). Within a part, element (d, q) of the 128-thread wgmma C fragment (thread t = 32
 w + l with d = 16 w + l / 4 + 8 h, q = 8 j + 2 (l % 4) + e, group g's columns after group g -
-1's) sits at ((g J + j) 128 + t) 4 + 2 h + e, J = tile_m / groups / 8. The tile is `parts`
-parts in a row.
+1's) sits at (((g 4 + w) J + j) 32 + l) 4 + 2 h + e, J = tile_m / groups / 8: warp-major, so
+each warp's 16 head-dim rows of a group are one contiguous run (warp_elems). Where dQ^T's rows
+run past the tensor's head dim (BwdTileConfig.dq_head_dim: D = 96 over 128 rows) the zero
+rows are then whole runs at a part's end (live_warps), which the writer never adds and the
+postprocess never reads. The tile is `parts` parts in a row.
 
 Pure Python (DqFlatTile) plus one DSL helper (flat_coords) that inverts the layout; the unit
 test checks both against each other (tests/test_bwd_dq_flat.py).
@@ -57,11 +60,21 @@ class DqFlatTile:
         """Query-column chunks of 8 per group (J)."""
         return self.tile_m // self.groups // 8
 
+    @property
+    def warp_elems(self) -> int:
+        """One warp's 16 head-dim rows over one group's query columns: a contiguous run."""
+        return 128 * self.chunks
+
+    def live_warps(self, part: int, dims: int) -> int:
+        """Warps of `part` whose rows hold any of dQ^T's first `dims` head dims (the others
+        hold only the zero rows of a wider dQ^T tile, BwdTileConfig.dq_head_dim)."""
+        return min(4, max(0, -(-(dims - PART_DIM * part) // 16)))
+
     def part_layout(self) -> tuple[tuple, tuple]:
         """(shape, stride) of one part as a (head dim, query) -> offset layout: head dim as
         (l / 4, h, w), query as (e, l % 4, j, g)."""
         j = self.chunks
-        return ((8, 2, 4), (2, 4, j, self.groups)), ((16, 2, 128), (1, 4, 512, 512 * j))
+        return ((8, 2, 4), (2, 4, j, self.groups)), ((16, 2, 128 * j), (1, 4, 128, 512 * j))
 
     def offset(self, d: int, q: int) -> int:
         """Flat offset of (head dim d, query q) within the tile (pure Python, for tests)."""
@@ -79,10 +92,10 @@ def flat_coords(tile: DqFlatTile, o):
     """(head dim, query) of flat offset `o` in a tile: the inverse of DqFlatTile.offset. Works
     on Python ints and on DSL integers (constant divisors only)."""
     part, r = o // tile.part_elems, o % tile.part_elems
-    g, r = r // (512 * tile.chunks), r % (512 * tile.chunks)
-    j, r = r // 512, r % 512
-    t, v = r // 4, r % 4
-    w, lane = t // 32, t % 32
+    g, r = r // (4 * tile.warp_elems), r % (4 * tile.warp_elems)
+    w, r = r // tile.warp_elems, r % tile.warp_elems
+    j, r = r // 128, r % 128
+    lane, v = r // 4, r % 4
     d = part * PART_DIM + 16 * w + lane // 4 + 8 * (v // 2)
     q = g * 8 * tile.chunks + 8 * j + 2 * (lane % 4) + v % 2
     return d, q

@@ -94,6 +94,7 @@ Compile without a GPU: CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch s
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -249,6 +250,7 @@ class FlashBwdSm90:
             raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
+        self._setup_flat_boxes()
         if not (self.dq_split_rows or self.swap_dq) and cfg.tile_m != 64:
             raise ValueError(f"tile_m {cfg.tile_m} must be 64 or 64 * num_mma_warpgroups")
         dq_half = self.tile_dq // cfg.num_mma_warpgroups
@@ -271,6 +273,32 @@ class FlashBwdSm90:
         if self.head_dim % 16 or self.head_dim_v % 16:
             # S^T and dP^T take k-steps of 16 over the tensors' own head dims
             raise ValueError(f"head dims ({self.head_dim}, {self.head_dim_v}): multiples of 16")
+
+    def _setup_flat_boxes(self):
+        """The dQ writer's units and TMA boxes over the flat tile (dq_flat). A unit is what
+        one handoff passes: the tile, a warpgroup's part (dq_half_staging) or its query-column
+        half (dq_wg_handoff). A box is the unit, or, under BwdTileConfig.dq_skip_zero_rows
+        (dQ^T's head-dim rows past the tensor's, dq_head_dim: D = 96 over 128 rows), the runs
+        of warps whose rows are real (DqFlatTile.live_warps): the zero rows are not added, a
+        quarter of D = 96's bytes."""
+        self.dq_units, self.dq_box_elems, self.dq_unit_live = 1, 0, (1,)
+        flat = self.flat
+        if flat is None:
+            return
+        nwg = self.config.num_mma_warpgroups
+        self.dq_units = nwg if self.dq_halves or self.dq_wg_handoff else 1
+        unit_elems = flat.tile_elems // self.dq_units
+        self.dq_box_elems = unit_elems
+        self.dq_unit_live = (1,) * self.dq_units
+        if self.config.dq_skip_zero_rows and self.head_dim < flat.head_dim:
+            if not self.dq_halves:
+                raise ValueError("dq_head_dim's zero rows are whole warp runs of a part only")
+            live = [flat.live_warps(p, self.head_dim) for p in range(flat.parts)]
+            box_warps = math.gcd(4, *live)
+            self.dq_box_elems = box_warps * flat.warp_elems
+            self.dq_unit_live = tuple(n // box_warps for n in live)
+        if self.dq_box_elems % 32 or self.dq_box_elems // 32 > 256:
+            raise ValueError(f"flat dQ box of {self.dq_box_elems} floats: not a TMA box")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -406,22 +434,21 @@ class FlashBwdSm90:
         )
         mdQ_reduce, dq_box = mdQacc, (tm, dq_cols)
         if cutlass.const_expr(self.flat is not None):
-            # register order (dq_flat): each buffer holds one part, seen by TMA as rows of 32
-            # floats; the accumulator's (row, dim) block of one (head, batch) pair is such
-            # rows too (dim contiguous, rows dq_d apart: the host allocates it so)
-            # with dq_wg_handoff a part's warpgroup halves are the writer's units (buffers)
-            subs = nwg if cutlass.const_expr(self.dq_wg_handoff) else 1
-            part_rows = self.flat.part_elems // 32 // subs
+            # register order (dq_flat): each buffer holds one part, seen by TMA as boxes
+            # (_setup_flat_boxes) of rows of 32 floats; the accumulator's (row, dim) block of
+            # one (head, batch) pair is such rows too (dim contiguous, rows dq_d apart: the
+            # host allocates it so)
+            box = self.dq_box_elems
             sdQ_layout = cute.make_layout(
-                (32, part_rows, self.config.dq_stages * subs),
-                stride=(1, 32, self.flat.part_elems // subs),
+                (32, box // 32, self.config.dq_stages * (self.flat.part_elems // box)),
+                stride=(1, 32, box),
             )
             flat_shape = (32, mdQacc.shape[0] * (dq_d // 32), *mdQacc.shape[2:])
             mdQ_reduce = cute.make_tensor(
                 mdQacc.iterator,
                 cute.make_layout(flat_shape, stride=(1, 32, *mdQacc.layout.stride[2:])),
             )
-            dq_box = (32, part_rows)
+            dq_box = (32, box // 32)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -813,11 +840,11 @@ class FlashBwdSm90:
             # one counter per query tile (packed: the padded rows' tiles)
             sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
             if cutlass.const_expr(self.flat is not None):
-                # a tile's parts in a row of part_elems runs from its first row on (varlen:
-                # row_off, a multiple of tile_m)
+                # a tile's boxes in a row from its first row on (varlen: row_off, a multiple
+                # of tile_m)
                 gdQ = cute.local_tile(
                     mdQacc[None, None, head_q, seq.q_batch],
-                    (32, self.flat.part_elems // 32 // (parts if self.dq_wg_handoff else 1)),
+                    (32, self.dq_box_elems // 32),
                     (0, None),
                 )
                 tile0 = row_off // self.tile_m
@@ -839,12 +866,22 @@ class FlashBwdSm90:
                         barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
                     )
                     if cutlass.const_expr(self.flat is not None):
-                        tdQgdQ_part = tdQgdQ[None, (tile0 + m_block) * parts + part]
+                        # the unit's boxes that hold real head dims (_setup_flat_boxes)
+                        unit_boxes = self.flat.tile_elems // parts // self.dq_box_elems
+                        tile_boxes = (tile0 + m_block) * parts * unit_boxes
+                        copies = []
+                        for i in cutlass.range_constexpr(self.dq_unit_live[part]):
+                            copies.append(
+                                (
+                                    tdQsdQ[None, buf * unit_boxes + i],
+                                    tdQgdQ[None, tile_boxes + part * unit_boxes + i],
+                                )
+                            )
                     else:
-                        tdQgdQ_part = tdQgdQ[None, m_block, part]
+                        copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
                     self._dq_add(
-                        tma_atom_dQ, tdQsdQ[None, buf], tdQgdQ_part, sem_bh, mask, n_block,
-                        m_block, lane, part == 0, part == parts - 1,
+                        tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part == 0,
+                        part == parts - 1,
                     )  # fmt: skip
                     # the warpgroup's own buffer is free again; a shared half buffer goes to the
                     # next part's warpgroup (the first one's next tile)
@@ -1369,8 +1406,7 @@ class FlashBwdSm90:
     def _dq_add(
         self,
         tma_atom_dQ: cute.CopyAtom,
-        tdQsdQ: cute.Tensor,
-        tdQgdQ: cute.Tensor,
+        copies: list,
         sem_bh: cute.Tensor,
         mask: TileMask,
         n_block: Int32,
@@ -1379,8 +1415,9 @@ class FlashBwdSm90:
         first_part: cutlass.Constexpr[bool],
         last_part: cutlass.Constexpr[bool],
     ):
-        """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half) into the
-        fp32 accumulator; returns once the staging buffer may be overwritten. Deterministic:
+        """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
+        its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
+        be overwritten. Deterministic:
         the first part waits for this key tile's turn, the last hands the turn on once every
         part has landed."""
         turn = sem_bh.iterator + m_block
@@ -1404,7 +1441,8 @@ class FlashBwdSm90:
                     seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
             cute.arch.sync_warp()
             cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
-        cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+        for i in cutlass.range_constexpr(len(copies)):
+            cute.copy(tma_atom_dQ, copies[i][0], copies[i][1])
         cute.arch.cp_async_bulk_commit_group()
         if cutlass.const_expr(self.deterministic and last_part):
             # every part must have landed before the next key tile's turn

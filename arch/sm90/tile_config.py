@@ -828,6 +828,11 @@ class BwdTileConfig:
     # on barriers of its own and the writer adds as a run of its own, so neither warpgroup
     # waits for the other's staging or for the add of the other's half
     dq_wg_handoff: bool = False
+    # dq_flat with dq_head_dim: the writer adds only the warp runs of the flat tile that hold
+    # the tensor's head dims (dq_flat.DqFlatTile.live_warps), in boxes of those runs, not dQ^T's
+    # zero rows past it (D = 96: 36 of the tile's 48 KB). The postprocess never reads those rows
+    # either way
+    dq_skip_zero_rows: bool = False
     # issue the next query tile's S^T = K Q^T right after this tile's dQ^T is staged, before
     # the wait for this tile's dK, so the tensor cores have it queued behind dK while the
     # warpgroup stages dQ^T and loops (FA4 waits for dK first). The S^T accumulator lives
@@ -856,6 +861,8 @@ class BwdTileConfig:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
             raise ValueError("dq_wg_handoff hands over query-column halves: dq_flat without halves")
+        if self.dq_skip_zero_rows and not (self.dq_flat and self.dq_head_dim):
+            raise ValueError("dq_skip_zero_rows skips dq_head_dim's rows of a dq_flat tile")
         if self.dq_stages not in (1, 2):
             raise ValueError(f"dq_stages {self.dq_stages} must be 1 or 2")
         if self.dq_stages == 2 and not self.dq_half_staging:
@@ -1243,8 +1250,13 @@ def _bwd_tiles(
             # dq_flat with the 96 rows as on D = 128's 80 (_bwd_d128_tile's measurement);
             # under group_heads (96 rows here, 64 at D = 128) taken without a measurement of
             # its own
+            # dq_skip_zero_rows: the writer adds 36 of the flat tile's 48 KB, not dQ^T's zero
+            # rows 96..127 (NOT YET MEASURED: tune_bwd_sm90.py dq_skip_zero_rows=0 / table)
             rows = 64 if short else 96
-            return dataclasses.replace(tile, tile_m=rows, dq_head_dim=128, dq_flat=rows > 64)
+            return dataclasses.replace(
+                tile, tile_m=rows, dq_head_dim=128, dq_flat=rows > 64,
+                dq_skip_zero_rows=rows > 64,
+            )  # fmt: skip
         if deterministic:
             # the deterministic order's 128-byte dQ staging swizzle (above) spans 32 columns,
             # not a 48-column half: the D = 128 tile over zero-filled columns, as before
