@@ -43,7 +43,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     the columns past the tensors' on load and drops them on store / reduce-add. With
     dq_head_dim only K's tile is wider (D = 96: 128 columns, so dQ^T keeps two 64-row
     head-dim halves); S^T and dP^T then run over the first head_dim columns of K, and dK is
-    staged in K's buffer through a (tile_n, head_dim) layout of its own.
+    staged in K's buffer through a (tile_n, head_dim) layout of its own. The flat tile's
+    writer then adds only the warp runs of dQ^T's real rows (BwdTileConfig.dq_skip_zero_rows).
   * head dims past 128 (BwdTileConfig.dkv_swap_ab): 64 keys x 64 query rows. The warpgroups
     split S^T / dP^T by query columns (32 each); P^T and dS go to smem, and
         dV^T += dO^T P, dK^T += Q^T dS                  (wgmma SS, both operands transposed)

@@ -1251,7 +1251,13 @@ def _bwd_tiles(
             # under group_heads (96 rows here, 64 at D = 128) taken without a measurement of
             # its own
             # dq_skip_zero_rows: the writer adds 36 of the flat tile's 48 KB, not dQ^T's zero
-            # rows 96..127 (NOT YET MEASURED: tune_bwd_sm90.py dq_skip_zero_rows=0 / table)
+            # rows 96..127. Round-robin on an H100, TFLOP/s, off / on, default order and
+            # deterministic (tune_bwd_skip_zero_s59_h100.json, _b_; same gradients): 4k 542.7 /
+            # 552.4, det 457.5 / 505.6; 1k 367.1 / 378.3, det 323.8 / 353.4; 4k causal 462.6 /
+            # 468.4, det 395.2 / 436.4; 16k causal 542.9 / 540.7, det 458.3 / 516.5; 16k 564.5 /
+            # 557.0 (p95 10.7 / 10.9 ms: noisy), det 488.8 / 550.2; 1k causal 241.1 / 263.1, det
+            # 236.1 / 261.7. Each deterministic add waits for the one before it (its link of
+            # the turn chain), so the bytes it skips count there most.
             rows = 64 if short else 96
             return dataclasses.replace(
                 tile, tile_m=rows, dq_head_dim=128, dq_flat=rows > 64,
