@@ -31,6 +31,8 @@
 #   skip_ab     scripts/tune_bwd_sm90.py: BwdTileConfig.dq_skip_zero_rows off / on at D = 96,
 #               default and deterministic order; skip_tests: the backward tests the
 #               warp-major flat tile and the skipped rows touch (193)
+#   det_big     the same script: the deterministic order against the default one at D = 192
+#               and 256
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -200,6 +202,13 @@ for step in "${steps[@]}"; do
           --variant det_noskip=deterministic=1,dq_skip_zero_rows=False \
           --variant det=deterministic=1 \
           --out "$OUT/tune_bwd_skip_zero_$gpu.json" > "$OUT/tune_bwd_skip_zero.log" 2>&1 ;;
+    det_big)
+      # the deterministic order against the default one past D = 128 (not measured since the
+      # twenty-fourth session's D = 192 run)
+      timeout 400 python3 scripts/tune_bwd_sm90.py --reps 15 \
+          --shapes d256-4k,d256-4k-causal,d256-1k,d192-4k,d192-4k-causal \
+          --variant base= --variant det=deterministic=1 \
+          --out "$OUT/tune_bwd_det_big_$gpu.json" > "$OUT/tune_bwd_det_big.log" 2>&1 ;;
     skip_tests)
       # the warp-major flat dQ tile (every dq_flat tile: D = 64 / 96 / 128) and D = 96's adds
       # without its zero rows: the sweep's bf16 cases at D = 64 / 128 and D = 96's in both
@@ -377,6 +386,7 @@ for step in "${steps[@]}"; do
     det_tests) tail -4 "$OUT/gpu_tests_det_free.log" ;;
     det_sec_tests) tail -4 "$OUT/gpu_tests_det_sections.log" ;;
     skip_ab) tail -30 "$OUT/tune_bwd_skip_zero.log" ;;
+    det_big) tail -12 "$OUT/tune_bwd_det_big.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
