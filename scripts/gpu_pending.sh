@@ -32,7 +32,7 @@
 #               default and deterministic order; skip_tests: the backward tests the
 #               warp-major flat tile and the skipped rows touch (193)
 #   det_big     the same script: the deterministic order against the default one at D = 192
-#               and 256
+#               and 256, and in L2 sections
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -204,10 +204,12 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_skip_zero_$gpu.json" > "$OUT/tune_bwd_skip_zero.log" 2>&1 ;;
     det_big)
       # the deterministic order against the default one past D = 128 (not measured since the
-      # twenty-fourth session's D = 192 run)
+      # twenty-fourth session's D = 192 run), and in L2 sections of 32 MiB (the table's
+      # unmasked deterministic order at D <= 128; it lost under the causal mask there)
       timeout 400 python3 scripts/tune_bwd_sm90.py --reps 15 \
           --shapes d256-4k,d256-4k-causal,d256-1k,d192-4k,d192-4k-causal \
           --variant base= --variant det=deterministic=1 \
+          --variant det_sec=deterministic=1,l2_section_bytes=33554432 \
           --out "$OUT/tune_bwd_det_big_$gpu.json" > "$OUT/tune_bwd_det_big.log" 2>&1 ;;
     skip_tests)
       # the warp-major flat dQ tile (every dq_flat tile: D = 64 / 96 / 128) and D = 96's adds
