@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending, on an H200: `preov_ab
-# sdk_ab sdk_rows bwd_bench bwd_touched`. The fifty-eighth session put L2 sections in the
+# installed there), by steps; the default is what is still pending: `det_big` (any card), then
+# on an H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`. The fifty-eighth session put L2 sections in the
 # unmasked deterministic order (bwd_tile_config) and removed BwdTileConfig.det_free_early
 # (it lost everywhere), and checked the persistent preprocess on 896 threads
 # (`preov_896 preov_tests preov_fp16`) and the new deterministic tests (`det_sec_tests`),
@@ -89,7 +89,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(det_big preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
