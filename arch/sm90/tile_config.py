@@ -1255,9 +1255,10 @@ def _bwd_tiles(
             # deterministic (tune_bwd_skip_zero_s59_h100.json, _b_; same gradients): 4k 542.7 /
             # 552.4, det 457.5 / 505.6; 1k 367.1 / 378.3, det 323.8 / 353.4; 4k causal 462.6 /
             # 468.4, det 395.2 / 436.4; 16k causal 542.9 / 540.7, det 458.3 / 516.5; 16k 564.5 /
-            # 557.0 (p95 10.7 / 10.9 ms: noisy), det 488.8 / 550.2; 1k causal 241.1 / 263.1, det
-            # 236.1 / 261.7. Each deterministic add waits for the one before it (its link of
-            # the turn chain), so the bytes it skips count there most.
+            # 557.0 (p95 10.7 / 10.9 ms: noisy), det 488.8 / 550.2; 1k causal (this 96-row
+            # tile; bwd_short_rows takes 64 rows there) 241.1 / 263.1, det 236.1 / 261.7. Each
+            # deterministic add waits for the one before it (its link of the turn chain), so
+            # the bytes it skips count there most.
             rows = 64 if short else 96
             return dataclasses.replace(
                 tile, tile_m=rows, dq_head_dim=128, dq_flat=rows > 64,
