@@ -3,9 +3,9 @@
 # installed there), by steps; the default is what is still pending: `det_big` (any card),
 # then on an H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`. The fifty-eighth session
 # put L2 sections in the unmasked deterministic order (bwd_tile_config) and removed
-# BwdTileConfig.det_free_early (it lost everywhere), and checked the persistent preprocess on 896 threads
-# (`preov_896 preov_tests preov_fp16`) and the new deterministic tests (`det_sec_tests`),
-# on an H100 only; the fifty-ninth put BwdTileConfig.dq_skip_zero_rows in the table (D = 96's
+# BwdTileConfig.det_free_early (it lost everywhere), and checked the persistent preprocess
+# on 896 threads (`preov_896 preov_tests preov_fp16`) and the new deterministic tests
+# (`det_sec_tests`), on an H100 only; the fifty-ninth put BwdTileConfig.dq_skip_zero_rows in the table (D = 96's
 # flat dQ adds without dQ^T's zero rows; `skip_ab skip_tests`, H100 only). The pre_overlap
 # A/B (`preov_ab`) is owed on an H200 too; the fifty-fourth session measured
 # BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
