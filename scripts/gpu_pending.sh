@@ -5,10 +5,10 @@
 # put L2 sections in the unmasked deterministic order (bwd_tile_config) and removed
 # BwdTileConfig.det_free_early (it lost everywhere), and checked the persistent preprocess
 # on 896 threads (`preov_896 preov_tests preov_fp16`) and the new deterministic tests
-# (`det_sec_tests`), on an H100 only; the fifty-ninth put BwdTileConfig.dq_skip_zero_rows in the table (D = 96's
-# flat dQ adds without dQ^T's zero rows; `skip_ab skip_tests`, H100 only). The pre_overlap
-# A/B (`preov_ab`) is owed on an H200 too; the fifty-fourth session measured
-# BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
+# (`det_sec_tests`), on an H100 only; the fifty-ninth put BwdTileConfig.dq_skip_zero_rows in
+# the table (D = 96's flat dQ adds without dQ^T's zero rows; `skip_ab skip_tests`, H100
+# only). The pre_overlap A/B (`preov_ab`) is owed on an H200 too; the fifty-fourth session
+# measured BwdTileConfig.s_under_dk and the wider short-rows bucket on H100s only, so their A/B
 # (`sdk_ab sdk_rows`), the `bwd_bench` rows and the backward tests they touch
 # (`bwd_touched`) are owed on an H200. The forward sweep has passed whole on H200s
 # (forty-eighth and fifty-second sessions) and the other forward GPU tests on H100s
