@@ -282,15 +282,14 @@ class FlashBwdSm90:
         (dQ^T's head-dim rows past the tensor's, dq_head_dim: D = 96 over 128 rows), the runs
         of warps whose rows are real (DqFlatTile.live_warps): the zero rows are not added, a
         quarter of D = 96's bytes."""
-        self.dq_units, self.dq_box_elems, self.dq_unit_live = 1, 0, (1,)
+        self.dq_box_elems, self.dq_unit_live = 0, ()
         flat = self.flat
         if flat is None:
             return
-        nwg = self.config.num_mma_warpgroups
-        self.dq_units = nwg if self.dq_halves or self.dq_wg_handoff else 1
-        unit_elems = flat.tile_elems // self.dq_units
-        self.dq_box_elems = unit_elems
-        self.dq_unit_live = (1,) * self.dq_units
+        # the writer's units (dq_writer's `parts`), each one box
+        units = self.config.num_mma_warpgroups if self.dq_halves or self.dq_wg_handoff else 1
+        self.dq_box_elems = flat.tile_elems // units
+        self.dq_unit_live = (1,) * units
         if self.config.dq_skip_zero_rows and self.head_dim < flat.head_dim:
             if not self.dq_halves:
                 raise ValueError("dq_head_dim's zero rows are whole warp runs of a part only")
