@@ -394,7 +394,7 @@ def _aux_jobs(arch, head_dims, dtypes):
         for flags in itertools.product((False, True), repeat=7):
             cfg = bwd_tile_config(d, dv, *flags)
             forms.add(
-                (cfg.tile_m if flags[5] else 0, _flat_fields(cfg), cfg.post_overlap,
+                (cfg.tile_m if flags[5] else 0, _flat_fields(cfg, d), cfg.post_overlap,
                  cfg.pre_overlap)
             )  # fmt: skip
         keys = {}

@@ -127,7 +127,7 @@ class BwdAuxKey(KernelKey):
     head_dim: int
     head_dim_v: int
     varlen_tile_m: int = 0  # packed: the main kernel's tile_m, which pads each sequence's rows
-    # the main kernel's register-order dQ tile (BwdTileConfig.dq_flat: tile_m, parts, groups;
+    # the main kernel's register-order dQ tile (BwdTileConfig.dq_flat: tile_m, parts, groups, dims;
     # arch/common/dq_flat.DqFlatTile), or () for a (row, dim) accumulator: the preprocess
     # clears its whole tiles, the postprocess reads them back
     dq_flat: tuple[int, ...] = ()
@@ -147,7 +147,7 @@ def build_bwd_aux(key: BwdAuxKey):
 
     engine, opts, tm = not export_only(), _artifact_options(), key.varlen_tile_m
     if key.kind == "pre":
-        flat_dim = DqFlatTile(*key.dq_flat).head_dim if key.dq_flat else 0
+        flat_dim = DqFlatTile(*key.dq_flat).acc_dim if key.dq_flat else 0
         return c.compile_bwd_preprocess(
             key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm,
             dq_flat_dim=flat_dim, dlse=key.dlse, persistent=key.persistent,
@@ -178,19 +178,19 @@ def _aux_keys(
 
 
 @functools.lru_cache(maxsize=64)
-def _flat_fields(cfg: BwdTileConfig) -> tuple:
+def _flat_fields(cfg: BwdTileConfig, head_dim: int) -> tuple:
     """The aux keys' dq_flat fields of a tile config (once per config, not per call)."""
-    flat = cfg.dq_flat_tile()
+    flat = cfg.dq_flat_tile(head_dim)
     return () if flat is None else dataclasses.astuple(flat)
 
 
 def _dq_accumulator(cfg: BwdTileConfig, batch: int, rows: int, h: int, d: int, device):
     """The fp32 dQ accumulator (the preprocess clears it), (batch, rows, heads, d); under
     dq_flat a (batch, rows, heads, dQ^T's head-dim rows) view of (batch, heads, rows, that)
-    storage, each (batch, head) pair's rows back to back (rows: whole tiles; at D = 96 the
-    rows are 128 floats wide, a third more memory than the tensor's own)."""
+    storage, each (batch, head) pair's rows back to back (rows: whole tiles; DqFlatTile.acc_dim
+    floats wide, D = 96's own 96 when the tile is compact, else dQ^T's 128)."""
     if cfg.dq_flat:
-        dq_d = cfg.dq_tile_head_dim(d)
+        dq_d = cfg.dq_flat_tile(d).acc_dim
         acc = torch.empty((batch, h, rows, dq_d), dtype=torch.float32, device=device)
         return acc.permute(0, 2, 1, 3)
     return torch.empty((batch, rows, h, d), dtype=torch.float32, device=device)
@@ -275,7 +275,7 @@ def run_bwd(
     cfg = BwdTileConfig(*key.tile)
     overlap = cfg.post_overlap or cfg.pre_overlap
     pre_key, post_key = _aux_keys(
-        key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg), cfg.post_overlap, cfg.pre_overlap,
+        key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg, d), cfg.post_overlap, cfg.pre_overlap,
         dlse is not None,
     )  # fmt: skip
     dout, out = _tma_ready(dout), _tma_ready(out)
@@ -343,7 +343,7 @@ def run_bwd_varlen(
     cfg = BwdTileConfig(*key.tile)
     tm = cfg.tile_m
     pre_key, post_key = _aux_keys(
-        key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg), dlse=dlse is not None
+        key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg, d), dlse=dlse is not None
     )
     dout, out = _tma_ready(dout), _tma_ready(out)
     # sequence b's rows start at floor((cu_q[b] + b * tm) / tm) * tm and span whole tiles:

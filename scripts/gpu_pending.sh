@@ -33,6 +33,8 @@
 #               warp-major flat tile and the skipped rows touch (193)
 #   det_big     the same script: the deterministic order against the default one at D = 192
 #               and 256, and in L2 sections
+#   compact_tests  D = 96's compact flat accumulator (96 floats a row): its backward tests
+#               (104); compact_ab: off (dq_skip_zero_rows=False) / on, D = 96, 4 shapes
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -219,6 +221,19 @@ for step in "${steps[@]}"; do
       gpu_tests 560 gpu_tests_skip_zero.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "(sweep and (64-64-dtype0 or 96-96 or 128-128-dtype0)) or lse_gradient or \
           only_lse or (deterministic and 96) or (group_heads and 96) or cuda_graph" ;;
+    compact_tests)
+      # D = 96's compact flat accumulator (DqFlatTile.dims: 96 floats a row, not 128): its
+      # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104)
+      gpu_tests 400 gpu_tests_compact.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
+          -k "(sweep and 96-96) or (deterministic and 96) or (group_heads and 96) or \
+          (lse and 96) or (varlen and 96)" ;;
+    compact_ab)
+      # the same kernels with and without it (noskip: the whole 128-float tile added and
+      # stored, as before the fifty-ninth session)
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 20 \
+          --shapes d96-4k,d96-16k,d96-4k-causal,d96-1k \
+          --variant noskip=dq_skip_zero_rows=False --variant compact= \
+          --out "$OUT/tune_bwd_compact_$gpu.json" > "$OUT/tune_bwd_compact.log" 2>&1 ;;
     det_sec_tests)
       # the unmasked deterministic order in L2 sections: the test with a partial last
       # section, and the deterministic tests at D = 96 (its 16 MiB sections)
@@ -389,6 +404,8 @@ for step in "${steps[@]}"; do
     det_sec_tests) tail -4 "$OUT/gpu_tests_det_sections.log" ;;
     skip_ab) tail -30 "$OUT/tune_bwd_skip_zero.log" ;;
     det_big) tail -12 "$OUT/tune_bwd_det_big.log" ;;
+    compact_tests) tail -4 "$OUT/gpu_tests_compact.log" ;;
+    compact_ab) tail -12 "$OUT/tune_bwd_compact.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;

@@ -15,7 +15,7 @@ def _table_flat_tiles():
     tiles = set()
     flag_sets = list(itertools.product((False, True), repeat=7))
     for (d, dv), flags in itertools.product(BWD_HEAD_DIMS, flag_sets):
-        tile = bwd_tile_config(d, dv, *flags).dq_flat_tile()
+        tile = bwd_tile_config(d, dv, *flags).dq_flat_tile(d)
         if tile is not None:
             tiles.add((d, tile))
     return sorted(tiles, key=str)
@@ -35,6 +35,9 @@ def test_table_flat_tiles_are_the_swapped_dq_tiles():
         # tiles
         assert tile.tile_m == (96 if d == 96 else 80), (d, tile)
         assert (tile.parts, tile.groups, tile.head_dim) == (2, 1, 128), (d, tile)
+    # D = 96's tiles skip dQ^T's zero rows (BwdTileConfig.dq_skip_zero_rows) and so are
+    # compact: the accumulator's rows are the tensor's 96 floats, not 128
+    assert {(d, tile.acc_dim) for d, tile in tiles} == {(64, 64), (96, 96), (128, 128)}, tiles
 
 
 def test_each_warpgroups_half_of_a_split_tile_is_one_contiguous_run():
@@ -89,6 +92,26 @@ def test_zero_rows_past_the_head_dim_are_whole_runs_at_the_part_end(tile):
             part, r = divmod(tile.offset(d, q), tile.part_elems)
             live = r < tile.live_warps(part, dims) * tile.warp_elems
             assert live == (d < dims), (d, q)
+
+
+def test_a_compact_tile_stores_exactly_its_real_elements_as_a_prefix():
+    # DqFlatTile.dims: the accumulator keeps each tile's first acc_elems floats, so every
+    # element of the tensor's head dims must lie there and every zero row's element past it
+    for tile in [t for _, t in _table_flat_tiles() if t.dims] + [DqFlatTile(80, 2, 1, 112)]:
+        assert tile.acc_elems == tile.dims * tile.tile_m
+        for d in range(tile.head_dim):
+            for q in range(tile.tile_m):
+                assert (tile.offset(d, q) < tile.acc_elems) == (d < tile.dims), (tile, d, q)
+
+
+@pytest.mark.parametrize(
+    "tile", [(96, 1, 2, 32), (96, 2, 1, 40), (96, 2, 1, 64), (96, 2, 1, 144)], ids=str
+)
+def test_a_compact_tile_drops_only_whole_runs_of_its_last_part(tile):
+    # split query columns interleave the groups' runs; 40 dims is not whole warp runs; 64
+    # would drop a whole part; 144 is past dQ^T's rows
+    with pytest.raises(ValueError, match="compact flat tile"):
+        DqFlatTile(*tile)
 
 
 def test_dq_flat_needs_the_swapped_dq_gemm():

@@ -595,7 +595,7 @@ for det in (False, True):
         "poll": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
         "proxy": sass.count("FENCE.VIEW.ASYNC.G"),
     }
-flat = bwd_tile_config(128, 128, False, False).dq_flat_tile()
+flat = bwd_tile_config(128, 128, False, False).dq_flat_tile(128)
 fields = (flat.tile_m, flat.parts, flat.groups)
 sass = _sass(compile_bwd_postprocess("bfloat16", 128, keep(), dq_flat=fields,
                                      wait_done=True).__cubin__)

@@ -11,8 +11,9 @@ Packed sequences (`varlen_tile_m` > 0): dq_acc holds sequence b's rows from
 seqlen.padded_row_offset (bwd_preprocess), dq is packed by cu_seqlens_q; both unit-batch.
 
 Flat accumulator (`flat`, a dq_flat.DqFlatTile; BwdTileConfig.dq_flat): dq_acc's rows of one
-(batch, head) pair lie back to back, dq_head_dim floats apart, and each tile of tile_m rows
-holds its elements in the main kernel's register order. A CTA per tile then loads the tile
+(batch, head) pair lie back to back, DqFlatTile.acc_dim floats apart (dQ^T's head-dim rows, or
+a compact tile's own head dims), and each tile of tile_m rows holds its elements in the main
+kernel's register order. A CTA per tile then loads the tile
 with 16-byte loads in that order, puts each element at its (row, dim) place in a 16-bit smem
 tile, and stores the tile's rows with 16-byte stores.
 
@@ -85,6 +86,9 @@ class BwdPostprocess:
                     for o in range(s * step, (s + 1) * step)
                 )
             ]
+            if (self.flat_steps[-1] + 1) * step > self.flat.acc_elems:
+                # a compact tile (DqFlatTile.dims) stores only its first acc_elems floats
+                raise ValueError(f"flat tile {self.flat}: live steps past the stored floats")
             self.rows_per_cta = self.flat.tile_m
             # the smem tile's row: the tile's dims plus 16 bytes, so rows start on other banks
             self.flat_row = self.flat.head_dim + 8

@@ -20,9 +20,10 @@ a tile: the padding rows of each sequence get +inf / 0 like the dense tail. The 
 sequence and its x covers max_seqlen_q rounded up to the tile.
 
 Register-order dQ tiles (`dq_flat_dim` > 0, BwdTileConfig.dq_flat): the accumulator's rows
-are dq_flat_dim wide (dQ^T's head-dim rows, 128 at D = 96) and a tile holds its elements in
-the main kernel's order (arch/common/dq_flat.py), so its every row is cleared, padding rows
-and columns included: the tile's real elements sit anywhere in it.
+are dq_flat_dim wide (DqFlatTile.acc_dim: dQ^T's head-dim rows, or at D = 96 the compact
+tile's 96) and a tile holds its elements in the main kernel's order (arch/common/dq_flat.py),
+so its every row is cleared, padding rows and columns included: the tile's real elements sit
+anywhere in it.
 
 The lse gradient (`dlse`): when lse is used downstream its gradient enters D, so dsum = dot
 - dlse[b, h, i] on the query rows (dlse laid out like lse).

@@ -21,6 +21,11 @@ run past the tensor's head dim (BwdTileConfig.dq_head_dim: D = 96 over 128 rows)
 rows are then whole runs at a part's end (live_warps), which the writer never adds and the
 postprocess never reads. The tile is `parts` parts in a row.
 
+Compact tiles (`dims` > 0, BwdTileConfig.dq_skip_zero_rows): when only the last part has zero
+rows, they are the tile's last runs, so the accumulator keeps just the first `dims` x tile_m
+floats of each tile (acc_dim floats a row: D = 96 stores 96, not 128, a quarter less memory
+for the preprocess to clear). The offsets within a tile are the same either way.
+
 Pure Python (DqFlatTile) plus one DSL helper (flat_coords) that inverts the layout; the unit
 test checks both against each other (tests/test_bwd_dq_flat.py).
 """
@@ -37,10 +42,24 @@ class DqFlatTile:
     tile_m: int  # query rows (columns of dQ^T) of a tile
     parts: int  # 64-row head-dim parts, in a row
     groups: int  # warpgroups that split the query columns of each part
+    # 0: the accumulator holds every head-dim row of dQ^T; else it holds only the tensor's
+    # first `dims` (the live runs, a prefix of each tile: compact, see the module docstring)
+    dims: int = 0
 
     def __post_init__(self):
         if self.tile_m % (8 * self.groups):
             raise ValueError(f"tile_m {self.tile_m}: 8 query columns per chunk and group")
+        if self.dims and not (
+            self.groups == 1
+            and self.dims % 16 == 0
+            and PART_DIM * (self.parts - 1) < self.dims <= self.head_dim
+        ):
+            # one group: a part's runs are its warps' in order, so dropped runs of the last
+            # part are the tile's tail; whole 16-row warp runs only
+            raise ValueError(
+                f"compact flat tile of {self.dims} dims: one group, whole warp runs of the last"
+                f" part (of {self.parts} x {PART_DIM})"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -54,6 +73,16 @@ class DqFlatTile:
     @property
     def tile_elems(self) -> int:
         return self.parts * self.part_elems
+
+    @property
+    def acc_dim(self) -> int:
+        """Floats a row of the accumulator in global memory: its tiles are acc_elems apart."""
+        return self.dims or self.head_dim
+
+    @property
+    def acc_elems(self) -> int:
+        """A tile's floats in the accumulator: the first acc_elems of its flat order."""
+        return self.acc_dim * self.tile_m
 
     @property
     def chunks(self) -> int:

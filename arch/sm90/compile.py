@@ -153,7 +153,7 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     # packed, or dq_flat (whole tiles, rows of dQ^T's head dims): the accumulator has padded
     # rows (sq_pad), not q's
     padded = spec.varlen or spec.config.dq_flat
-    dq_d = spec.config.dq_tile_head_dim(d) if spec.config.dq_flat else d
+    dq_d = spec.config.dq_flat_tile(d).acc_dim if spec.config.dq_flat else d
     dq_acc = _fake_bshd(cutlass.Float32, h, dq_d, b, sq_pad if padded else sq)
     h_dkv = spec.num_heads_kv if spec.group_heads else h
     dk = _fake_bshd(dtype, h_dkv, d, b, sk)
@@ -227,7 +227,7 @@ def compile_bwd_postprocess(
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     flat = DqFlatTile(*dq_flat) if dq_flat else None
     padded = varlen_tile_m or flat is not None
-    acc_dim = head_dim if flat is None else flat.head_dim
+    acc_dim = head_dim if flat is None else flat.acc_dim
     dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, sq_pad if padded else sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     cu = _fake_int32_vector() if varlen_tile_m else None

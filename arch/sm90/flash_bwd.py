@@ -243,7 +243,7 @@ class FlashBwdSm90:
         # query columns and stage the whole tile
         self.swap_dq = cfg.dq_swap_ab
         # dQ^T staged in register order (BwdTileConfig.dq_flat, arch/common/dq_flat.py)
-        self.flat = cfg.dq_flat_tile()
+        self.flat = cfg.dq_flat_tile(self.head_dim)
         self.post_overlap = cfg.post_overlap
         # the persistent preprocess runs beside this grid (BwdTileConfig.pre_overlap)
         self.pre_overlap = cfg.pre_overlap
@@ -281,8 +281,9 @@ class FlashBwdSm90:
         half (dq_wg_handoff). A box is the unit, or, under BwdTileConfig.dq_skip_zero_rows
         (dQ^T's head-dim rows past the tensor's, dq_head_dim: D = 96 over 128 rows), the runs
         of warps whose rows are real (DqFlatTile.live_warps): the zero rows are not added, a
-        quarter of D = 96's bytes."""
-        self.dq_box_elems, self.dq_unit_live = 0, ()
+        quarter of D = 96's bytes, nor stored (a compact tile: the accumulator's tiles hold
+        only their live boxes, dq_unit_base / dq_tile_boxes)."""
+        self.dq_box_elems, self.dq_unit_live, self.dq_unit_base, self.dq_tile_boxes = 0, (), (), 0
         flat = self.flat
         if flat is None:
             return
@@ -290,13 +291,23 @@ class FlashBwdSm90:
         units = self.config.num_mma_warpgroups if self.dq_halves or self.dq_wg_handoff else 1
         self.dq_box_elems = flat.tile_elems // units
         self.dq_unit_live = (1,) * units
-        if self.config.dq_skip_zero_rows and self.head_dim < flat.head_dim:
+        if flat.dims:
             if not self.dq_halves:
                 raise ValueError("dq_head_dim's zero rows are whole warp runs of a part only")
-            live = [flat.live_warps(p, self.head_dim) for p in range(flat.parts)]
+            live = [flat.live_warps(p, flat.dims) for p in range(flat.parts)]
             box_warps = math.gcd(4, *live)
             self.dq_box_elems = box_warps * flat.warp_elems
             self.dq_unit_live = tuple(n // box_warps for n in live)
+        # each unit's first box within a tile of the accumulator, and a tile's boxes there: a
+        # compact tile keeps only the live boxes, which are its prefix (DqFlatTile.dims: the
+        # zero runs are the last part's last ones)
+        unit_boxes = flat.tile_elems // units // self.dq_box_elems
+        self.dq_unit_base = tuple(
+            sum(self.dq_unit_live[:u]) if flat.dims else u * unit_boxes for u in range(units)
+        )
+        self.dq_tile_boxes = flat.acc_elems // self.dq_box_elems
+        if flat.acc_elems % self.dq_box_elems:
+            raise ValueError(f"a tile of {flat.acc_elems} floats: not whole boxes")
         if self.dq_box_elems % 32 or self.dq_box_elems // 32 > 256:
             raise ValueError(f"flat dQ box of {self.dq_box_elems} floats: not a TMA box")
 
@@ -436,14 +447,14 @@ class FlashBwdSm90:
         if cutlass.const_expr(self.flat is not None):
             # register order (dq_flat): each buffer holds one part, seen by TMA as boxes
             # (_setup_flat_boxes) of rows of 32 floats; the accumulator's (row, dim) block of
-            # one (head, batch) pair is such rows too (dim contiguous, rows dq_d apart: the
-            # host allocates it so)
+            # one (head, batch) pair is such rows too (dim contiguous, rows acc_dim apart:
+            # the host allocates it so; compact tiles, DqFlatTile.dims, hold 96 of D = 96's 128)
             box = self.dq_box_elems
             sdQ_layout = cute.make_layout(
                 (32, box // 32, self.config.dq_stages * (self.flat.part_elems // box)),
                 stride=(1, 32, box),
             )
-            flat_shape = (32, mdQacc.shape[0] * (dq_d // 32), *mdQacc.shape[2:])
+            flat_shape = (32, mdQacc.shape[0] * (self.flat.acc_dim // 32), *mdQacc.shape[2:])
             mdQ_reduce = cute.make_tensor(
                 mdQacc.iterator,
                 cute.make_layout(flat_shape, stride=(1, 32, *mdQacc.layout.stride[2:])),
@@ -866,16 +877,14 @@ class FlashBwdSm90:
                         barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
                     )
                     if cutlass.const_expr(self.flat is not None):
-                        # the unit's boxes that hold real head dims (_setup_flat_boxes)
+                        # the unit's boxes that hold real head dims, from the unit's first box
+                        # in the accumulator's tile (_setup_flat_boxes)
                         unit_boxes = self.flat.tile_elems // parts // self.dq_box_elems
-                        tile_boxes = (tile0 + m_block) * parts * unit_boxes
+                        first = (tile0 + m_block) * self.dq_tile_boxes + self.dq_unit_base[part]
                         copies = []
                         for i in cutlass.range_constexpr(self.dq_unit_live[part]):
                             copies.append(
-                                (
-                                    tdQsdQ[None, buf * unit_boxes + i],
-                                    tdQgdQ[None, tile_boxes + part * unit_boxes + i],
-                                )
+                                (tdQsdQ[None, buf * unit_boxes + i], tdQgdQ[None, first + i])
                             )
                     else:
                         copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]

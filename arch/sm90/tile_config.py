@@ -830,8 +830,9 @@ class BwdTileConfig:
     dq_wg_handoff: bool = False
     # dq_flat with dq_head_dim: the writer adds only the warp runs of the flat tile that hold
     # the tensor's head dims (dq_flat.DqFlatTile.live_warps), in boxes of those runs, not dQ^T's
-    # zero rows past it (D = 96: 36 of the tile's 48 KB). The postprocess never reads those rows
-    # either way
+    # zero rows past it (D = 96: 36 of the tile's 48 KB), and the accumulator holds only those
+    # runs (a compact DqFlatTile: 96 floats a row, not 128). The postprocess never reads the
+    # zero rows either way
     dq_skip_zero_rows: bool = False
     # issue the next query tile's S^T = K Q^T right after this tile's dQ^T is staged, before
     # the wait for this tile's dK, so the tensor cores have it queued behind dK while the
@@ -922,12 +923,15 @@ class BwdTileConfig:
             return -(-head_dim // m) * m, -(-head_dim_v // m) * m
         return head_dim, head_dim_v
 
-    def dq_flat_tile(self) -> DqFlatTile | None:
-        """The flat dQ tile (dq_flat), else None."""
+    def dq_flat_tile(self, head_dim: int) -> DqFlatTile | None:
+        """The flat dQ tile (dq_flat) for the tensors' `head_dim`, else None; compact (only
+        the runs of the tensor's head dims in the accumulator) under dq_skip_zero_rows."""
         if not self.dq_flat:
             return None
         halves = self.dq_half_staging
-        return DqFlatTile(self.tile_m, 2 if halves else 1, 1 if halves else self.num_mma_warpgroups)
+        wgs = self.num_mma_warpgroups
+        dims = head_dim if self.dq_skip_zero_rows and head_dim < self.dq_head_dim else 0
+        return DqFlatTile(self.tile_m, 2 if halves else 1, 1 if halves else wgs, dims)
 
     def dq_tile_head_dim(self, head_dim: int) -> int:
         """The head dim of K's smem tile and of dQ^T's rows (staging, reduce-add boxes)."""
