@@ -208,7 +208,7 @@ for step in "${steps[@]}"; do
       # the deterministic order against the default one past D = 128 (not measured since the
       # twenty-fourth session's D = 192 run), and in L2 sections of 32 MiB (the table's
       # unmasked deterministic order at D <= 128; it lost under the causal mask there)
-      timeout 400 python3 scripts/tune_bwd_sm90.py --reps 15 \
+      timeout 380 python3 scripts/tune_bwd_sm90.py --reps 12 \
           --shapes d256-4k,d256-4k-causal,d256-1k,d192-4k,d192-4k-causal \
           --variant base= --variant det=deterministic=1 \
           --variant det_sec=deterministic=1,l2_section_bytes=33554432 \
@@ -224,13 +224,13 @@ for step in "${steps[@]}"; do
     compact_tests)
       # D = 96's compact flat accumulator (DqFlatTile.dims: 96 floats a row, not 128): its
       # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104)
-      gpu_tests 400 gpu_tests_compact.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
+      gpu_tests 300 gpu_tests_compact.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "(sweep and 96-96) or (deterministic and 96) or (group_heads and 96) or \
           (lse and 96) or (varlen and 96)" ;;
     compact_ab)
       # the same kernels with and without it (noskip: the whole 128-float tile added and
       # stored, as before the fifty-ninth session)
-      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 20 \
+      timeout 250 python3 scripts/tune_bwd_sm90.py --reps 20 \
           --shapes d96-4k,d96-16k,d96-4k-causal,d96-1k \
           --variant noskip=dq_skip_zero_rows=False --variant compact= \
           --out "$OUT/tune_bwd_compact_$gpu.json" > "$OUT/tune_bwd_compact.log" 2>&1 ;;
