@@ -386,13 +386,15 @@ def test_bwd_cuda_graph_replay_matches_eager():
 _AUX_SNIPPET = r"""
 import json, os, sys, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.arch.common.dq_flat import DqFlatTile
 from cute_attn.arch.sm90.compile import compile_bwd_postprocess, compile_bwd_preprocess
 from cute_attn.aot import _sass
 rows = []
 for dt in ("bfloat16", "float16"):
+    # D = 96's flat tile is compact (its accumulator rows 96 floats, DqFlatTile.dims)
     for d, tm, flat in ((64, 0, ()), (96, 0, ()), (128, 0, ()), (128, 80, ()), (256, 64, ()),
-                        (64, 0, (128, 1, 2)), (96, 0, (96, 2, 1)), (128, 80, (80, 2, 1))):
-        flat_dim = 64 * flat[1] if flat else 0
+                        (64, 0, (128, 1, 2)), (96, 0, (96, 2, 1, 96)), (128, 80, (80, 2, 1))):
+        flat_dim = DqFlatTile(*flat).acc_dim if flat else 0
         for kind, build in (
             ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm,
                                                    dq_flat_dim=flat_dim)),
