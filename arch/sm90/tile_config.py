@@ -1115,10 +1115,18 @@ def bwd_tile_config(
     # 514.3 / 513.3 / 514.3, 1k 385.5 / 372.3 / 371.4. Not under a causal mask, whose turns run
     # right to left and whose sections then start each pair's longest tile last: 4k causal,
     # without / with, D=128 483.3 / 476.1, D=96 399.8 / 365.0; 1k causal, without / 16 / 32
-    # MiB, D=96 233.3 / 219.9 / 189.1, D=128 297.4 / 292.1 / 280.1. Windows, packed sequences,
-    # group_heads and head dims past 128 were not measured; softcap takes it unmeasured (the
-    # same turns and launch order).
-    if deterministic and not (causal or local or varlen or group_heads) and head_dim <= 128:
+    # MiB, D=96 233.3 / 219.9 / 189.1, D=128 297.4 / 292.1 / 280.1. Past D = 128 (sixtieth
+    # session, H100, TFLOP/s, default order / deterministic without / 16 / 32 / 64 MiB;
+    # tune_bwd_det_big_sec_s60_h100.json, and without / 32 MiB in tune_bwd_det_big_s60_h100.json):
+    # D=256 4k 396.9 / 300.6 / 299.9 / 315.8 / 314.9 and 396.4 / 300.6 / - / 316.6, 1k 318.6 /
+    # 228.2 / 247.5 / 264.8 / 243.1 and 319.4 / 224.9 / - / 264.3, 16k 410.7 / 328.6 / 334.6 /
+    # 334.1 / 335.2; D=192 4k 475.1 / 395.7 / 425.3 / 416.9 / 406.8 and 473.4 / 393.4 / - /
+    # 414.4: 32 MiB at D=256. Not at D=192, where 16 MiB won but its section walk makes
+    # ptxas spill (5 spill instructions, sm_90a; none without sections). Under the causal
+    # mask, without / 32 MiB, D=256 4k 286.1 / 285.6, D=192 4k 367.6 / 358.9. Windows, packed
+    # sequences and group_heads were not measured; softcap takes it unmeasured (the same
+    # turns and launch order).
+    if deterministic and not (causal or local or varlen or group_heads) and head_dim != 192:
         budget = BWD_L2_SECTION_BYTES // 2 if head_dim == 96 else BWD_L2_SECTION_BYTES
         cfg = dataclasses.replace(cfg, l2_section_bytes=budget)
     # s_under_dk (the next query tile's S^T queued behind this tile's dK) on D = 128's
