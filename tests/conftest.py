@@ -56,6 +56,28 @@ def built_bwd_keys(monkeypatch):
 
 
 @pytest.fixture
+def part_turns(monkeypatch, built_bwd_keys):
+    """Force BwdTileConfig.det_part_turns (the deterministic order's turn counter per query
+    tile and dQ writer unit) on every deterministic backward key; yields the built keys."""
+    import dataclasses
+
+    import cute_attn.bwd_sm90 as host
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    table = host.bwd_key
+
+    def forced(p, *args, **kw):
+        key = table(p, *args, **kw)
+        cfg = BwdTileConfig(*key.tile)
+        if p.deterministic:
+            cfg = dataclasses.replace(cfg, det_part_turns=True)
+        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
+
+    monkeypatch.setattr(host, "bwd_key", forced)
+    yield built_bwd_keys
+
+
+@pytest.fixture
 def grouped_heads(monkeypatch, built_bwd_keys):
     """Force the GQA backward's group_heads variant (a CTA per KV head walking its query
     heads) whenever there is a group, whatever the grid size; yields the BwdKeys built."""

@@ -882,10 +882,9 @@ def test_bwd_short_rows_rule_and_tiles():
 def test_bwd_l2_sections_where_measured():
     # L2 sections under the causal mask at D >= 96 (+2..3% at 4k, equal at 1k and 16k), not at
     # D=64 (-2.5% at 1k); never windowed; unmasked only in the deterministic order (its turns'
-    # launch distance: +6..21% on an H100 from 1k to 4k at D <= 128, +2..16% at D = 256; at
-    # D = 192 its section walk spills), half the budget at D = 96, dense and per query head
-    # (packed sequences and group_heads not measured), never under its causal mask (which
-    # launches right to left: -1.5..19%)
+    # launch distance: +6..21% on an H100 from 1k to 4k at D <= 128, +2..16% past it), half
+    # the budget at D = 96 and 192, dense and per query head (packed sequences and group_heads
+    # not measured), never under its causal mask (which launches right to left: -1.5..19%)
     from cute_attn.arch.sm90.tile_config import BWD_L2_SECTION_BYTES, bwd_tile_config
 
     def sections(d, dv, causal, local=False, det=False, **kw):
@@ -899,8 +898,8 @@ def test_bwd_l2_sections_where_measured():
     assert sections(64, 64, True) == sections(64, 64, False) == 0
     assert sections(64, 64, True, det=True) == 0
     half, whole = BWD_L2_SECTION_BYTES // 2, BWD_L2_SECTION_BYTES
-    for d, dv, budget in ((64, 64, whole), (96, 96, half), (128, 128, whole), (192, 192, 0),
-                          (192, 128, 0), (256, 256, whole)):  # fmt: skip
+    for d, dv, budget in ((64, 64, whole), (96, 96, half), (128, 128, whole), (192, 192, half),
+                          (192, 128, half), (256, 256, whole)):  # fmt: skip
         assert sections(d, dv, False, det=True) == budget, d
         assert sections(d, dv, False, det=True, varlen=True) == 0, d
         assert sections(d, dv, False, det=True, group_heads=True) == 0, d
@@ -922,3 +921,19 @@ def test_kernel_window_clamp_is_exact():
             cl, cr = (cl if left >= 0 else -1), (cr if right >= 0 else -1)
             want = visible_mask(sq, sk, left, right)
             assert bool((visible_mask(sq, sk, cl, cr) == want).all()), (sq, sk, left, right)
+
+
+def test_det_part_turns_counts_a_turn_per_writer_unit():
+    # BwdTileConfig.det_part_turns: the host sizes the deterministic counters per query tile
+    # and dQ writer unit (run_bwd, run_bwd_varlen), which every table tile has two of
+    from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+
+    for (d, dv), flags in itertools.product(
+        BWD_HEAD_DIMS, itertools.product((False, True), repeat=3)
+    ):
+        cfg = bwd_tile_config(d, dv, *flags, True)
+        assert cfg.dq_units == 2 and cfg.det_turns_per_tile == 1, (d, dv, flags, cfg)
+        on = dataclasses.replace(cfg, det_part_turns=True)
+        assert on.det_turns_per_tile == 2
+    with pytest.raises(ValueError, match="det_part_turns"):
+        BwdTileConfig(det_part_turns=True)  # one unit: the whole 64 x 128 tile

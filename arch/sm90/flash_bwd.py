@@ -288,7 +288,7 @@ class FlashBwdSm90:
         if flat is None:
             return
         # the writer's units (dq_writer's `parts`), each one box
-        units = self.config.num_mma_warpgroups if self.dq_halves or self.dq_wg_handoff else 1
+        units = self.config.dq_units
         self.dq_box_elems = flat.tile_elems // units
         self.dq_unit_live = (1,) * units
         if flat.dims:
@@ -835,9 +835,9 @@ class FlashBwdSm90:
         lane = cute.arch.lane_idx()
         # (query tile, part) tiles: one part, or one per warpgroup (its head-dim half under
         # dq_half_staging, its query-column half of the flat tile under dq_wg_handoff)
-        parts, threads = 1, roles.dq_sync_threads
-        if cutlass.const_expr(self.dq_halves or self.dq_wg_handoff):
-            parts, threads = self.config.num_mma_warpgroups, roles.dq_half_sync_threads
+        parts, threads = self.config.dq_units, roles.dq_sync_threads
+        if cutlass.const_expr(parts > 1):
+            threads = roles.dq_half_sync_threads
         # a buffer per warpgroup: its own, or (dq_wg_handoff) its half of the one buffer
         own_bufs = self.dq_wg_bufs or self.dq_wg_handoff
         step = roles.bar_dq_wg_step
@@ -849,7 +849,11 @@ class FlashBwdSm90:
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
-            sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
+            # (det_part_turns: one per query tile and unit)
+            sem_bh = self._padded_rows(
+                mSem[None, head_q, seq.q_batch],
+                row_off // self.tile_m * self.config.det_turns_per_tile,
+            )
             if cutlass.const_expr(self.flat is not None):
                 # a tile's boxes in a row from its first row on (varlen: row_off, a multiple
                 # of tile_m)
@@ -889,9 +893,8 @@ class FlashBwdSm90:
                     else:
                         copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
                     self._dq_add(
-                        tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part == 0,
-                        part == parts - 1,
-                    )  # fmt: skip
+                        tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part, parts
+                    )
                     # the warpgroup's own buffer is free again; a shared half buffer goes to the
                     # next part's warpgroup (the first one's next tile)
                     free = part if cutlass.const_expr(own_bufs) else (part + 1) % parts
@@ -1421,16 +1424,19 @@ class FlashBwdSm90:
         n_block: Int32,
         m_block: Int32,
         lane: Int32,
-        first_part: cutlass.Constexpr[bool],
-        last_part: cutlass.Constexpr[bool],
+        part: cutlass.Constexpr[int],
+        parts: cutlass.Constexpr[int],
     ):
         """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
         its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
-        be overwritten. Deterministic:
-        the first part waits for this key tile's turn, the last hands the turn on once every
-        part has landed."""
-        turn = sem_bh.iterator + m_block
-        if cutlass.const_expr(self.deterministic and first_part):
+        be overwritten. Deterministic: the first part waits for this key tile's turn, the last
+        hands the turn on once every part has landed; with det_part_turns each part waits for
+        its own turn and hands it on once it has landed."""
+        per_part = self.config.det_part_turns
+        turn = sem_bh.iterator + m_block * self.config.det_turns_per_tile
+        if cutlass.const_expr(per_part):
+            turn = turn + part
+        if cutlass.const_expr(self.deterministic and (part == 0 or per_part)):
             # My turn comes when the key tiles before mine in a fixed order have added
             # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
             # (band mask). Without a right bound they go left to right; with one (causal)
@@ -1453,8 +1459,9 @@ class FlashBwdSm90:
         for i in cutlass.range_constexpr(len(copies)):
             cute.copy(tma_atom_dQ, copies[i][0], copies[i][1])
         cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and last_part):
-            # every part must have landed before the next key tile's turn
+        if cutlass.const_expr(self.deterministic and (part == parts - 1 or per_part)):
+            # every part (its own part: det_part_turns) must have landed before the next key
+            # tile's turn
             self._add_when_landed(turn, lane)
         else:
             # the reduce must have read sdQ before the consumers overwrite it

@@ -851,6 +851,11 @@ class BwdTileConfig:
     # and dQ-writer warps wait per query head for the rows the preprocess counts ready
     # (arch/common/bwd_preprocess.py). Dense (like post_overlap)
     pre_overlap: bool = False
+    # the deterministic order with a turn counter per (query tile, writer unit: a
+    # warpgroup's part, dq_units) instead of per query tile: a key tile adds a unit once the
+    # key tile before it in the order has landed that unit, not its whole tile, so a link of
+    # the turn chain is one unit's add. Bitwise the same sums (each element lies in one unit)
+    det_part_turns: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
@@ -862,6 +867,8 @@ class BwdTileConfig:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
             raise ValueError("dq_wg_handoff hands over query-column halves: dq_flat without halves")
+        if self.det_part_turns and self.dq_units == 1:
+            raise ValueError("det_part_turns takes turns per dQ writer unit: needs two units")
         if self.dq_skip_zero_rows and not (self.dq_flat and self.dq_head_dim):
             raise ValueError("dq_skip_zero_rows skips dq_head_dim's rows of a dq_flat tile")
         if self.dq_stages not in (1, 2):
@@ -932,6 +939,17 @@ class BwdTileConfig:
         wgs = self.num_mma_warpgroups
         dims = head_dim if self.dq_skip_zero_rows and head_dim < self.dq_head_dim else 0
         return DqFlatTile(self.tile_m, 2 if halves else 1, 1 if halves else wgs, dims)
+
+    @property
+    def dq_units(self) -> int:
+        """The dQ writer's units a tile (one handoff each): a warpgroup's part
+        (dq_half_staging) or query-column half (dq_wg_handoff), else the whole tile."""
+        return self.num_mma_warpgroups if self.dq_half_staging or self.dq_wg_handoff else 1
+
+    @property
+    def det_turns_per_tile(self) -> int:
+        """Deterministic turn counters a query tile (det_part_turns: one a writer unit)."""
+        return self.dq_units if self.det_part_turns else 1
 
     def dq_tile_head_dim(self, head_dim: int) -> int:
         """The head dim of K's smem tile and of dQ^T's rows (staging, reduce-add boxes)."""
@@ -1121,13 +1139,13 @@ def bwd_tile_config(
     # D=256 4k 396.9 / 300.6 / 299.9 / 315.8 / 314.9 and 396.4 / 300.6 / - / 316.6, 1k 318.6 /
     # 228.2 / 247.5 / 264.8 / 243.1 and 319.4 / 224.9 / - / 264.3, 16k 410.7 / 328.6 / 334.6 /
     # 334.1 / 335.2; D=192 4k 475.1 / 395.7 / 425.3 / 416.9 / 406.8 and 473.4 / 393.4 / - /
-    # 414.4: 32 MiB at D=256. Not at D=192, where 16 MiB won but its section walk makes
-    # ptxas spill (5 spill instructions, sm_90a; none without sections). Under the causal
-    # mask, without / 32 MiB, D=256 4k 286.1 / 285.6, D=192 4k 367.6 / 358.9. Windows, packed
-    # sequences and group_heads were not measured; softcap takes it unmeasured (the same
-    # turns and launch order).
-    if deterministic and not (causal or local or varlen or group_heads) and head_dim != 192:
-        budget = BWD_L2_SECTION_BYTES // 2 if head_dim == 96 else BWD_L2_SECTION_BYTES
+    # 414.4: 32 MiB at D=256, 16 MiB at D=192 (whose (192, 128) form takes it unmeasured).
+    # Under the causal mask, without / 32 MiB, D=256 4k 286.1 / 285.6, D=192 4k 367.6 /
+    # 358.9. Windows, packed sequences and group_heads were not measured; softcap takes it
+    # unmeasured (the same turns and launch order).
+    if deterministic and not (causal or local or varlen or group_heads):
+        half = head_dim in (96, 192)
+        budget = BWD_L2_SECTION_BYTES // 2 if half else BWD_L2_SECTION_BYTES
         cfg = dataclasses.replace(cfg, l2_section_bytes=budget)
     # s_under_dk (the next query tile's S^T queued behind this tile's dK) on D = 128's
     # unmasked dense tiles. Two round-robin runs on an H100, TFLOP/s, table / s_under_dk
