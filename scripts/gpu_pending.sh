@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `det_big` (any card),
-# then on an H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`. The fifty-eighth session
+# installed there), by steps; the default is what is still pending: `pt_tests pt_ab` (any
+# card: BwdTileConfig.det_part_turns, built in the sixtieth session, never run), then on an
+# H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`; also owed, the deterministic tests
+# at D = 192 / 256 in their new L2 sections (`-k "deterministic and (192 or 256)"`) and the
+# backward sweep's cases 457-480 (BWD_SWEEP_FROM=457 ... bwd_sweep). The fifty-eighth session
 # put L2 sections in the unmasked deterministic order (bwd_tile_config) and removed
 # BwdTileConfig.det_free_early (it lost everywhere), and checked the persistent preprocess
 # on 896 threads (`preov_896 preov_tests preov_fp16`) and the new deterministic tests
