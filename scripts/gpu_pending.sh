@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `pt_tests pt_ab` (any
-# card: BwdTileConfig.det_part_turns, built in the sixtieth session, never run), then on an
+# installed there), by steps; the default is what is still pending: `pt_tests det_big_tests
+# pt_ab` (any card: det_part_turns, built in the sixtieth session, never run), then on an
 # H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`; also owed, the deterministic tests
 # at D = 192 / 256 in their new L2 sections (`det_big_tests`) and the backward sweep's cases
 # 457-480 (BWD_SWEEP_FROM=457 ... bwd_sweep). The fifty-eighth session
