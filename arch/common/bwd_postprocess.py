@@ -13,9 +13,9 @@ seqlen.padded_row_offset (bwd_preprocess), dq is packed by cu_seqlens_q; both un
 Flat accumulator (`flat`, a dq_flat.DqFlatTile; BwdTileConfig.dq_flat): dq_acc's rows of one
 (batch, head) pair lie back to back, DqFlatTile.acc_dim floats apart (dQ^T's head-dim rows, or
 a compact tile's own head dims), and each tile of tile_m rows holds its elements in the main
-kernel's register order. A CTA per tile then loads the tile
-with 16-byte loads in that order, puts each element at its (row, dim) place in a 16-bit smem
-tile, and stores the tile's rows with 16-byte stores.
+kernel's register order. A CTA per tile then loads the tile with 16-byte loads in that order,
+puts each element at its (row, dim) place in a 16-bit smem tile, and stores the tile's rows
+with 16-byte stores.
 
 Waiting for the main grid (`wait_done`, BwdTileConfig.post_overlap; dense only): the kernel
 is launched as the main kernel's programmatic dependent, so its CTAs may start while the main
