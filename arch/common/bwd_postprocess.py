@@ -28,6 +28,8 @@ Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contig
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -74,21 +76,14 @@ class BwdPostprocess:
             if self.varlen_tile_m not in (0, self.flat.tile_m):
                 raise ValueError("packed rows are padded to the flat tile's tile_m")
             # 16-byte runs a thread loads (NUM_THREADS a step) and 16-bit rows written out.
-            # Steps only over dQ^T's zero rows past head_dim (a wider flat tile: D = 96 over
-            # 128 rows, whole warp runs, dq_flat.DqFlatTile.live_warps) are never added by the
-            # main kernel and never read here.
-            step = 4 * NUM_THREADS
-            self.flat_steps = [
-                s
-                for s in range(self.flat.tile_elems // step)
-                if any(
-                    flat_coords(self.flat, o)[0] < self.head_dim
-                    for o in range(s * step, (s + 1) * step)
-                )
-            ]
-            if (self.flat_steps[-1] + 1) * step > self.flat.acc_elems:
-                # a compact tile (DqFlatTile.dims) stores only its first acc_elems floats
-                raise ValueError(f"flat tile {self.flat}: live steps past the stored floats")
+            # dQ^T's zero rows past head_dim (a wider flat tile: D = 96 over 128 rows) are the
+            # tile's last warp runs, never added by the main kernel nor read here: the steps
+            # cover the tile's real elements, its first head_dim x tile_m floats (a compact
+            # tile's every float; DqFlatTile's own check of `dims` rejects any other layout)
+            real = self.flat
+            if self.head_dim < real.head_dim:
+                real = dataclasses.replace(real, dims=self.head_dim)
+            self.flat_steps = -(-real.acc_elems // (4 * NUM_THREADS))
             self.rows_per_cta = self.flat.tile_m
             # the smem tile's row: the tile's dims plus 16 bytes, so rows start on other banks
             self.flat_row = self.flat.head_dim + 8
@@ -176,23 +171,18 @@ class BwdPostprocess:
             self.dtype, cute.make_layout((tm, self.flat_row), stride=(self.flat_row, 1)), 16
         )
         if row0 < seqlen:
-            # the tile: tile_elems floats from its first row on, run tidx of every live step
+            # the tile's real elements from its first row on, run tidx of every step
             g_tile = cute.make_tensor(
                 mdQacc[b, pad + row0, head, None].iterator,
-                cute.make_layout(
-                    (4, NUM_THREADS, tile.tile_elems // (4 * NUM_THREADS)),
-                    stride=(1, 4, 4 * NUM_THREADS),
-                ),
+                cute.make_layout((4, NUM_THREADS, self.flat_steps), stride=(1, 4, 4 * NUM_THREADS)),
             )
-            steps = self.flat_steps
-            r_acc = cute.make_rmem_tensor((4, len(steps)), Float32)
-            for i in cutlass.range_constexpr(len(steps)):
-                cute.autovec_copy(g_tile[None, tidx, steps[i]], r_acc[None, i])
-            for i in cutlass.range_constexpr(len(steps)):
-                d, q = flat_coords(tile, (steps[i] * NUM_THREADS + tidx) * 4)
+            r_acc = cute.make_rmem_tensor((4, self.flat_steps), Float32)
+            cute.autovec_copy(g_tile[None, tidx, None], r_acc)
+            for step in cutlass.range_constexpr(self.flat_steps):
+                d, q = flat_coords(tile, (step * NUM_THREADS + tidx) * 4)
                 # a run is rows q, q + 1 of dims d, d + 8
                 for v in cutlass.range_constexpr(4):
-                    x = self.dtype(r_acc[v, i] * softmax_scale)
+                    x = self.dtype(r_acc[v, step] * softmax_scale)
                     sT[q + v % 2, d + 8 * (v // 2)] = x
             cute.arch.sync_threads()
             vecs = self.head_dim // 8  # 16-byte vectors of a dQ row

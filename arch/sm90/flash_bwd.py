@@ -283,7 +283,8 @@ class FlashBwdSm90:
         of warps whose rows are real (DqFlatTile.live_warps): the zero rows are not added, a
         quarter of D = 96's bytes, nor stored (a compact tile: the accumulator's tiles hold
         only their live boxes, dq_unit_base / dq_tile_boxes)."""
-        self.dq_box_elems, self.dq_unit_live, self.dq_unit_base, self.dq_tile_boxes = 0, (), (), 0
+        self.dq_box_elems, self.dq_unit_live, self.dq_unit_base = 0, (), ()
+        self.dq_unit_boxes = self.dq_tile_boxes = 0
         flat = self.flat
         if flat is None:
             return
@@ -292,18 +293,19 @@ class FlashBwdSm90:
         self.dq_box_elems = flat.tile_elems // units
         self.dq_unit_live = (1,) * units
         if flat.dims:
-            if not self.dq_halves:
-                raise ValueError("dq_head_dim's zero rows are whole warp runs of a part only")
+            # one group (DqFlatTile checks it): the units are the parts, and the zero rows
+            # whole warp runs at the last part's end
             live = [flat.live_warps(p, flat.dims) for p in range(flat.parts)]
             box_warps = math.gcd(4, *live)
             self.dq_box_elems = box_warps * flat.warp_elems
             self.dq_unit_live = tuple(n // box_warps for n in live)
-        # each unit's first box within a tile of the accumulator, and a tile's boxes there: a
-        # compact tile keeps only the live boxes, which are its prefix (DqFlatTile.dims: the
-        # zero runs are the last part's last ones)
-        unit_boxes = flat.tile_elems // units // self.dq_box_elems
+        # each unit's boxes in the staging buffer, its first box within a tile of the
+        # accumulator, and a tile's boxes there: a compact tile keeps only the live boxes,
+        # which are its prefix (DqFlatTile.dims: the zero runs are the last part's last ones)
+        self.dq_unit_boxes = flat.tile_elems // units // self.dq_box_elems
         self.dq_unit_base = tuple(
-            sum(self.dq_unit_live[:u]) if flat.dims else u * unit_boxes for u in range(units)
+            sum(self.dq_unit_live[:u]) if flat.dims else u * self.dq_unit_boxes
+            for u in range(units)
         )
         self.dq_tile_boxes = flat.acc_elems // self.dq_box_elems
         if flat.acc_elems % self.dq_box_elems:
@@ -883,13 +885,11 @@ class FlashBwdSm90:
                     if cutlass.const_expr(self.flat is not None):
                         # the unit's boxes that hold real head dims, from the unit's first box
                         # in the accumulator's tile (_setup_flat_boxes)
-                        unit_boxes = self.flat.tile_elems // parts // self.dq_box_elems
                         first = (tile0 + m_block) * self.dq_tile_boxes + self.dq_unit_base[part]
                         copies = []
                         for i in cutlass.range_constexpr(self.dq_unit_live[part]):
-                            copies.append(
-                                (tdQsdQ[None, buf * unit_boxes + i], tdQgdQ[None, first + i])
-                            )
+                            src = tdQsdQ[None, buf * self.dq_unit_boxes + i]
+                            copies.append((src, tdQgdQ[None, first + i]))
                     else:
                         copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
                     self._dq_add(
