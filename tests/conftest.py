@@ -59,21 +59,9 @@ def built_bwd_keys(monkeypatch):
 def part_turns(monkeypatch, built_bwd_keys):
     """Force BwdTileConfig.det_part_turns (the deterministic order's turn counter per query
     tile and dQ writer unit) on every deterministic backward key; yields the built keys."""
-    import dataclasses
+    from gpu_cases import force_bwd_tile
 
-    import cute_attn.bwd_sm90 as host
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
-
-    table = host.bwd_key
-
-    def forced(p, *args, **kw):
-        key = table(p, *args, **kw)
-        cfg = BwdTileConfig(*key.tile)
-        if p.deterministic:
-            cfg = dataclasses.replace(cfg, det_part_turns=True)
-        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
-
-    monkeypatch.setattr(host, "bwd_key", forced)
+    force_bwd_tile(monkeypatch, lambda p: p.deterministic, det_part_turns=True)
     yield built_bwd_keys
 
 

@@ -6,6 +6,7 @@ Imported by those test files (pytest puts tests/ on sys.path); nothing here is a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -102,3 +103,21 @@ def forced_host_rule(monkeypatch, name: str, value):
     finally:
         for clear in clears:
             clear()
+
+
+def force_bwd_tile(monkeypatch, when=lambda p: True, **fields):
+    """Backward keys whose problem `when` accepts take these BwdTileConfig fields, whatever
+    the tuning table says (the backward asks bwd_key on every call: no memo to clear)."""
+    import cute_attn.bwd_sm90 as host
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    table = host.bwd_key
+
+    def forced(p, *args, **kw):
+        key = table(p, *args, **kw)
+        if not when(p):
+            return key
+        cfg = dataclasses.replace(BwdTileConfig(*key.tile), **fields)
+        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
+
+    monkeypatch.setattr(host, "bwd_key", forced)

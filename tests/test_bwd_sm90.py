@@ -8,7 +8,6 @@ atol covers rounding the fp32 reference gradient to the input dtype.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import pytest
@@ -18,7 +17,14 @@ from compile_snippet import HGMMA_SHAPES, MASK_WINDOWS, run_json_snippet
 from cute_attn import flash_attn_func, last_backward_dispatch
 from cute_attn.reference import attention_ref
 
-from gpu_cases import SWEEP_MODES, assert_grads_match, attn_inputs, mode_kwargs, sweep_batch
+from gpu_cases import (
+    SWEEP_MODES,
+    assert_grads_match,
+    attn_inputs,
+    force_bwd_tile,
+    mode_kwargs,
+    sweep_batch,
+)
 
 
 def _inputs(*args, **kw):
@@ -265,17 +271,7 @@ def test_bwd_split_mask_loops_every_segment(monkeypatch, d, sq, sk, kw):
     # split_mask_loops forced on whatever the tuning table says (it turns it on only for the
     # D=64 causal tile): a left bound adds the third, left-edge segment, and the key tile
     # crossing seqlen_k walks every query tile in the masked segment
-    import cute_attn.bwd_sm90 as host
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
-
-    table = host.bwd_key
-
-    def forced(p, arch=host.ARCH, group_heads=False, short=False):
-        key = table(p, arch, group_heads, short)
-        cfg = dataclasses.replace(BwdTileConfig(*key.tile), split_mask_loops=True)
-        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
-
-    monkeypatch.setattr(host, "bwd_key", forced)
+    force_bwd_tile(monkeypatch, split_mask_loops=True)
     _check(*_inputs(2, sq, sk, 4, 2, d, d, torch.bfloat16), **kw)
 
 
