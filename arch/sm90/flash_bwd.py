@@ -204,9 +204,11 @@ class FlashBwdSm90:
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
         self.l2_sections = cfg.l2_section_bytes > 0
-        # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator,
-        # lse and D of one query head (a group_heads CTA walks its query heads one at a time)
-        self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + 4 * self.head_dim + 8
+        # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator
+        # (one a chain: det_chains), lse and D of one query head (a group_heads CTA walks its
+        # query heads one at a time)
+        acc_bytes = 4 * self.head_dim * cfg.det_chains
+        self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + acc_bytes + 8
         # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
         self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
         # K's smem tile and dQ^T's head-dim rows: tile_d, or wider (BwdTileConfig.dq_head_dim)
