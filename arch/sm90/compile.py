@@ -154,7 +154,9 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     # accumulators of whole tiles): the accumulator has padded rows (sq_pad), not q's
     padded = spec.varlen or spec.config.dq_flat or spec.config.det_chains > 1
     dq_d = spec.config.dq_flat_tile(d).acc_dim if spec.config.dq_flat else d
-    dq_acc = _fake_bshd(cutlass.Float32, h, dq_d, b, sq_pad if padded else sq)
+    # det_chains stacks that many accumulators: rows of their own
+    acc_rows = cute.sym_int() if spec.config.det_chains > 1 else sq_pad if padded else sq
+    dq_acc = _fake_bshd(cutlass.Float32, h, dq_d, b, acc_rows)
     h_dkv = spec.num_heads_kv if spec.group_heads else h
     dk = _fake_bshd(dtype, h_dkv, d, b, sk)
     dvt = _fake_bshd(dtype, h_dkv, dv, b, sk)
@@ -196,7 +198,8 @@ def compile_bwd_preprocess(
     o = _fake_bshd(dtype, h, head_dim_v, b, sq)
     do = _fake_bshd(dtype, h, head_dim_v, b, sq)
     padded = varlen_tile_m or dq_flat_dim or dq_chains > 1
-    dq_acc = _fake_bshd(cutlass.Float32, h, dq_flat_dim or head_dim, b, sq_pad if padded else sq)
+    acc_rows = cute.sym_int() if dq_chains > 1 else sq_pad if padded else sq
+    dq_acc = _fake_bshd(cutlass.Float32, h, dq_flat_dim or head_dim, b, acc_rows)
     cu = _fake_int32_vector() if varlen_tile_m else None
     ready = None
     if persistent:
@@ -234,7 +237,8 @@ def compile_bwd_postprocess(
     flat = DqFlatTile(*dq_flat) if dq_flat else None
     padded = varlen_tile_m or flat is not None or dq_chains > 1
     acc_dim = head_dim if flat is None else flat.acc_dim
-    dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, sq_pad if padded else sq)
+    acc_rows = cute.sym_int() if dq_chains > 1 else sq_pad if padded else sq
+    dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, acc_rows)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
     done = None
