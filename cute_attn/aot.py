@@ -395,12 +395,11 @@ def _aux_jobs(arch, head_dims, dtypes):
             cfg = bwd_tile_config(d, dv, *flags)
             forms.add(
                 (cfg.tile_m if flags[5] else 0, _flat_fields(cfg, d), cfg.post_overlap,
-                 cfg.pre_overlap, cfg.det_chains)
+                 cfg.pre_overlap)
             )  # fmt: skip
         keys = {}
-        for tm, flat, wait, persistent, chains in sorted(forms):
-            aux = _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm, flat, wait, persistent, False, chains)
-            for key in aux:
+        for tm, flat, wait, persistent in sorted(forms):
+            for key in _aux_keys(arch, DTYPE_NAMES[dt], d, dv, tm, flat, wait, persistent):
                 keys[key] = tm
         for key, tm in keys.items():
             form = f"varlen tile_m {tm}" if tm else "dense"
@@ -410,8 +409,6 @@ def _aux_jobs(arch, head_dims, dtypes):
                 form += " wait_done"
             if key.persistent:
                 form += " pre_overlap"
-            if key.dq_chains > 1:
-                form += f" dq_chains {key.dq_chains}"
             # 16-byte vector loads of dO / O (pre) or of the fp32 accumulator (post)
             yield f"sm90_bwd_{key.kind} d{d}x{dv} {dt} {form}", "sm90_aux", key, build_bwd_aux, (
                 "LDG.E.128",)  # fmt: skip

@@ -139,9 +139,6 @@ class BwdAuxKey(KernelKey):
     # preprocess: a persistent grid beside the main kernel, counting ready rows
     # (BwdTileConfig.pre_overlap)
     persistent: bool = False
-    # the deterministic order's dQ accumulators (BwdTileConfig.det_chains): the preprocess
-    # clears each, the postprocess sums them
-    dq_chains: int = 1
 
 
 @compiled_cache("sm90_bwd_aux", exportable=True)
@@ -154,11 +151,10 @@ def build_bwd_aux(key: BwdAuxKey):
         return c.compile_bwd_preprocess(
             key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm,
             dq_flat_dim=flat_dim, dlse=key.dlse, persistent=key.persistent,
-            dq_chains=key.dq_chains,
         )  # fmt: skip
     return c.compile_bwd_postprocess(
         key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat,
-        wait_done=key.wait_done, dq_chains=key.dq_chains,
+        wait_done=key.wait_done,
     )  # fmt: skip
 
 
@@ -173,13 +169,11 @@ def _aux_keys(
     wait_done: bool = False,
     persistent: bool = False,
     dlse: bool = False,
-    dq_chains: int = 1,
 ) -> tuple[BwdAuxKey, BwdAuxKey]:
     return (
         BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m, dq_flat, dlse=dlse,
-                  persistent=persistent, dq_chains=dq_chains),
-        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat, wait_done,
-                  dq_chains=dq_chains),
+                  persistent=persistent),
+        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat, wait_done),
     )  # fmt: skip
 
 
@@ -194,9 +188,7 @@ def _dq_accumulator(cfg: BwdTileConfig, batch: int, rows: int, h: int, d: int, d
     """The fp32 dQ accumulator (the preprocess clears it), (batch, rows, heads, d); under
     dq_flat a (batch, rows, heads, dQ^T's head-dim rows) view of (batch, heads, rows, that)
     storage, each (batch, head) pair's rows back to back (rows: whole tiles; DqFlatTile.acc_dim
-    floats wide, D = 96's own 96 when the tile is compact, else dQ^T's 128). det_chains > 1:
-    that many accumulators of `rows` rows (whole tiles) stacked along the rows."""
-    rows *= cfg.det_chains
+    floats wide, D = 96's own 96 when the tile is compact, else dQ^T's 128)."""
     if cfg.dq_flat:
         dq_d = cfg.dq_flat_tile(d).acc_dim
         acc = torch.empty((batch, h, rows, dq_d), dtype=torch.float32, device=device)
@@ -284,22 +276,20 @@ def run_bwd(
     overlap = cfg.post_overlap or cfg.pre_overlap
     pre_key, post_key = _aux_keys(
         key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg, d), cfg.post_overlap, cfg.pre_overlap,
-        dlse is not None, cfg.det_chains,
+        dlse is not None,
     )  # fmt: skip
     dout, out = _tma_ready(dout), _tma_ready(out)
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
     lse_log2, dsum = torch.empty((b, h, sq_pad), **f32), torch.empty((b, h, sq_pad), **f32)
     # dq_flat adds whole tiles: rows padded like lse_log2's, all cleared by the preprocess
-    # (det_chains: each chain's accumulator starts on a whole tile)
-    padded = cfg.dq_flat or cfg.det_chains > 1
-    dq_acc = _dq_accumulator(cfg, b, sq_pad if padded else sq, h, d, q.device)
+    dq_acc = _dq_accumulator(cfg, b, sq_pad if cfg.dq_flat else sq, h, d, q.device)
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
     dk_h = torch.empty((b, sk, h_dkv, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((b, sk, h_dkv, dv_dim), dtype=q.dtype, device=q.device)
-    # deterministic: a zeroed turn counter per (batch, head, query tile), or per query tile,
-    # chain and dQ writer unit (BwdTileConfig.det_chains, det_part_turns); then, under the
+    # deterministic: a zeroed turn counter per (batch, head, query tile), or per query tile and
+    # dQ writer unit (BwdTileConfig.det_part_turns); then, under the
     # overlaps, [b, h, -2] post_overlap's count of main CTAs whose dQ adds landed and
     # [b, h, -1] pre_overlap's count of rows the preprocess wrote. Neither: the kernel never
     # reads it, so a tiny uninitialized tensor (no fill launch) stands in
@@ -354,9 +344,8 @@ def run_bwd_varlen(
     cfg = BwdTileConfig(*key.tile)
     tm = cfg.tile_m
     pre_key, post_key = _aux_keys(
-        key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg, d), dlse=dlse is not None,
-        dq_chains=cfg.det_chains,
-    )  # fmt: skip
+        key.arch, p.dtype, d, dv_dim, tm, _flat_fields(cfg, d), dlse=dlse is not None
+    )
     dout, out = _tma_ready(dout), _tma_ready(out)
     # sequence b's rows start at floor((cu_q[b] + b * tm) / tm) * tm and span whole tiles:
     # every row lies below total_q + batch * tm (seqlen.padded_row_offset)

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `ch_ab ch_tests` (any
-# card: BwdTileConfig.det_chains, built in the sixty-first session, never run), `pt_tests
-# det_big_tests pt_ab` (any card: det_part_turns, built in the sixtieth session), then on an
+# installed there), by steps; the default is what is still pending: `pt_tests det_big_tests
+# pt_ab` (any card: det_part_turns, built in the sixtieth session, never run), then on an
 # H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`; also owed, the deterministic tests
 # at D = 192 / 256 in their new L2 sections (`det_big_tests`) and the backward sweep's cases
 # 457-480 (BWD_SWEEP_FROM=457 ... bwd_sweep). The fifty-eighth session
@@ -42,9 +41,6 @@
 #   pt_tests    BwdTileConfig.det_part_turns forced on (12 tests); pt_ab: the default order,
 #               deterministic, deterministic with a turn per writer unit, D = 96 to 256;
 #               det_big_tests: the deterministic tests at D = 192 / 256 (31)
-#   ch_ab       the same script: the default order, deterministic, deterministic over 2 dQ
-#               chains (BwdTileConfig.det_chains), with per-unit turns too, and per-unit turns
-#               alone, D = 96 to 256; ch_tests: the chain tests (18, dense and packed)
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -101,8 +97,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ch_ab ch_tests pt_tests det_big_tests preov_ab sdk_ab sdk_rows
-                                  bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(pt_tests det_big_tests pt_ab preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -250,21 +245,6 @@ for step in "${steps[@]}"; do
           --variant base= --variant det=deterministic=1 \
           --variant det_pt=deterministic=1,det_part_turns=True \
           --out "$OUT/tune_bwd_part_turns_$gpu.json" > "$OUT/tune_bwd_part_turns.log" 2>&1 ;;
-    ch_ab)
-      # the deterministic order over one / two dQ chains, with and without per-unit turns,
-      # and the default order beside them
-      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d256-4k,d256-4k-causal,d256-1k,d192-4k-causal,d128-4k-causal,d96-4k \
-          --variant base= --variant det=deterministic=1 \
-          --variant det_ch2=deterministic=1,det_chains=2 \
-          --variant det_ch2pt=deterministic=1,det_chains=2,det_part_turns=True \
-          --variant det_pt=deterministic=1,det_part_turns=True \
-          --out "$OUT/tune_bwd_det_chains_$gpu.json" > "$OUT/tune_bwd_det_chains.log" 2>&1 ;;
-    ch_tests)
-      # BwdTileConfig.det_chains forced: dense on every tile family (with 4 chains and with
-      # per-unit turns too) and packed (18)
-      gpu_tests 300 gpu_tests_det_chains.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
-          -k det_chains ;;
     compact_tests)
       # D = 96's compact flat accumulator (DqFlatTile.dims: 96 floats a row, not 128): its
       # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104)
@@ -452,8 +432,6 @@ for step in "${steps[@]}"; do
     pt_tests) tail -4 "$OUT/gpu_tests_part_turns.log" ;;
     det_big_tests) tail -4 "$OUT/gpu_tests_det_big.log" ;;
     pt_ab) tail -16 "$OUT/tune_bwd_part_turns.log" ;;
-    ch_ab) tail -32 "$OUT/tune_bwd_det_chains.log" ;;
-    ch_tests) tail -4 "$OUT/gpu_tests_det_chains.log" ;;
     compact_ab) tail -12 "$OUT/tune_bwd_compact.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;

@@ -259,31 +259,6 @@ def test_bwd_deterministic_part_turns(part_turns, d, causal):
     assert cfgs and all(c.det_part_turns and c.det_turns_per_tile == 2 for c in cfgs), cfgs
 
 
-# BwdTileConfig.det_chains: the key tiles of a query tile add into det_chains accumulators by
-# their rank, each chain with its own turns, and the postprocess sums the chains; against the
-# reference and bitwise over runs on every head dim's tile (flat, compact, halves), unmasked
-# (L2 sections) and causal (right to left), with 4 chains and with per-unit turns too
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "dims,chains,causal,pt",
-    [((64, 64), 2, False, False), ((64, 64), 2, True, False), ((96, 96), 2, False, False),
-     ((96, 96), 2, True, False), ((128, 128), 2, False, False), ((128, 128), 4, True, False),
-     ((192, 192), 2, False, False), ((192, 192), 2, True, False), ((192, 128), 2, True, False),
-     ((256, 256), 2, False, False), ((256, 256), 2, True, False), ((256, 256), 4, False, False),
-     ((256, 256), 2, True, True), ((128, 128), 2, False, True)],
-)  # fmt: skip
-def test_bwd_deterministic_chains(monkeypatch, built_bwd_keys, dims, chains, causal, pt):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
-
-    fields = dict(det_chains=chains, det_part_turns=pt)
-    force_bwd_tile(monkeypatch, lambda p: p.deterministic, **fields)
-    q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
-    _check(q, k, v, dout, deterministic=True, causal=causal)
-    _assert_bitwise(q, k, v, dout, 5, deterministic=True, causal=causal)
-    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
-    assert cfgs and all(c.det_chains == chains and c.det_part_turns == pt for c in cfgs), cfgs
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])
@@ -429,24 +404,19 @@ from cute_attn.arch.sm90.compile import compile_bwd_postprocess, compile_bwd_pre
 from cute_attn.aot import _sass
 rows = []
 for dt in ("bfloat16", "float16"):
-    # D = 96's flat tile is compact (its accumulator rows 96 floats, DqFlatTile.dims); the
-    # last three: the deterministic order's dQ chains (BwdTileConfig.det_chains)
-    for d, tm, flat, ch in ((64, 0, (), 1), (96, 0, (), 1), (128, 0, (), 1), (128, 80, (), 1),
-                            (256, 64, (), 1), (64, 0, (128, 1, 2), 1), (96, 0, (96, 2, 1, 96), 1),
-                            (128, 80, (80, 2, 1), 1), (256, 0, (), 2), (256, 64, (), 4),
-                            (96, 0, (96, 2, 1, 96), 2)):
+    # D = 96's flat tile is compact (its accumulator rows 96 floats, DqFlatTile.dims)
+    for d, tm, flat in ((64, 0, ()), (96, 0, ()), (128, 0, ()), (128, 80, ()), (256, 64, ()),
+                        (64, 0, (128, 1, 2)), (96, 0, (96, 2, 1, 96)), (128, 80, (80, 2, 1))):
         flat_dim = DqFlatTile(*flat).acc_dim if flat else 0
         for kind, build in (
             ("pre", lambda: compile_bwd_preprocess(dt, d, d, opts, varlen_tile_m=tm,
-                                                   dq_flat_dim=flat_dim, dq_chains=ch)),
-            ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm, dq_flat=flat,
-                                                     dq_chains=ch)),
+                                                   dq_flat_dim=flat_dim)),
+            ("post", lambda: compile_bwd_postprocess(dt, d, opts, varlen_tile_m=tm, dq_flat=flat)),
         ):
             opts = f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
             sass = _sass(build().__cubin__)
             rows.append({"kind": kind, "dtype": dt, "d": d, "varlen": tm, "sass": bool(sass),
-                         "flat": list(flat), "chains": ch,
-                         "sts16": sass.count("STS.U16"),
+                         "flat": list(flat), "sts16": sass.count("STS.U16"),
                          "ldg128": sass.count("LDG.E.128"), "stg128": sass.count("STG.E.128"),
                          "stg64": sass.count("STG.E.64"),
                          "spills": sass.count("STL") + sass.count("LDL")})
@@ -458,27 +428,25 @@ print(json.dumps(rows))
 def test_compile_bwd_aux_kernels(tmp_path):
     # dense and packed (varlen, rows padded per sequence) forms of both kernels
     rows = run_json_snippet(_AUX_SNIPPET, tmp_path)
-    assert len(rows) == 44
+    assert len(rows) == 32
     for r in rows:
         if not r["sass"]:
             pytest.skip("nvdisasm not installed: cannot read SASS")
         # 16-byte vectors of dO and O in, of the cleared dQ accumulator out (pre); the fp32
         # accumulator in 16-byte vectors, each out as 4 16-bit elements in one 8-byte store
         # (post, bwd_preprocess.lane_vectors). A register-order tile (dq_flat): its 16-byte
-        # runs in, each element to its (row, dim) place in smem, rows out in 16-byte stores.
-        # Several dQ chains: each cleared (pre), each loaded and summed (post)
+        # runs in, each element to its (row, dim) place in smem, rows out in 16-byte stores
         assert r["spills"] == 0, r
-        ch = r["chains"]
         if r["flat"] and r["kind"] == "post":
             # 16-byte runs a thread, over the tensor's head dims only: D = 96's rows 96..127
             # of the 128-row flat tile are whole warp runs the main kernel does not add
             tm = r["flat"][0]
             runs = -(-tm * r["d"] // (4 * 128))
-            assert r["ldg128"] == ch * runs and r["sts16"] == 4 * runs and r["stg128"] >= 1, r
+            assert r["ldg128"] == runs and r["sts16"] == 4 * runs and r["stg128"] >= 1, r
         elif r["kind"] == "pre":
-            assert r["ldg128"] >= 2 and r["stg128"] >= ch, r
+            assert r["ldg128"] >= 2 and r["stg128"] >= 1, r
         else:
-            assert r["ldg128"] >= 1 and ch * r["stg64"] == r["ldg128"] and r["stg128"] == 0, r
+            assert r["ldg128"] >= 1 and r["stg64"] == r["ldg128"] and r["stg128"] == 0, r
 
 
 _BWD_MASK_LOOP_SNIPPET = r"""  # run after MASK_WINDOWS
@@ -619,46 +587,6 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         assert v["shapes"] == {f"64x{n}x16": 24, f"64x{n}x16 tnspA": 8,
                                "64x128x16": rows // 8}, r  # fmt: skip
         assert v["waits"] <= 6, r
-
-
-_DET_CHAINS_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
-os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-from cute_attn.aot import _sass
-from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
-out = []
-for d, dv, causal, varlen, chains, pt in (
-    (256, 256, True, False, 1, False), (256, 256, True, False, 2, False),
-    (256, 256, False, False, 2, True), (192, 128, True, True, 2, False),
-    (96, 96, False, False, 2, False), (128, 128, True, False, 4, False),
-    (64, 64, False, False, 2, True),
-):
-    cfg = bwd_tile_config(d, dv, causal, False, deterministic=True, varlen=varlen)
-    cfg = dataclasses.replace(cfg, det_chains=chains, det_part_turns=pt)
-    spec = BwdSpec("bfloat16", d, dv, 8, 8, False, causal, False, cfg, deterministic=True,
-                   varlen=varlen)
-    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    out.append({"d": d, "chains": chains, "pt": pt, "sass": bool(sass),
-                "spills": sass.count("STL") + sass.count("LDL"),
-                "reduces": sass.count("UTMAREDG"),
-                "polls": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass))})
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.compile
-def test_bwd_det_chains_and_part_turns_build_spill_free(tmp_path):
-    # BwdTileConfig.det_chains (the deterministic order over 2 or 4 dQ accumulators) and
-    # det_part_turns (a turn per writer unit) on every tile family: dense and packed, unmasked
-    # and causal. No spills; the reduce-adds of the tile stay TMA reduces; the turn waits are
-    # acquire polls, as many as without chains (a chain changes addresses, not the waits)
-    r = run_json_snippet(_DET_CHAINS_SNIPPET, tmp_path, timeout=900)
-    if not r[0]["sass"]:
-        pytest.skip("nvdisasm not installed: cannot read SASS")
-    for v in r:
-        assert v["spills"] == 0 and v["reduces"] >= 1 and v["polls"] >= 1, v
-    assert r[1]["polls"] == r[0]["polls"] and r[1]["reduces"] == r[0]["reduces"], r
 
 
 _POST_OVERLAP_SNIPPET = r"""

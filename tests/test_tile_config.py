@@ -937,23 +937,3 @@ def test_det_part_turns_counts_a_turn_per_writer_unit():
         assert on.det_turns_per_tile == 2
     with pytest.raises(ValueError, match="det_part_turns"):
         BwdTileConfig(det_part_turns=True)  # one unit: the whole 64 x 128 tile
-
-
-def test_det_chains_multiply_the_turns_and_stack_the_accumulators():
-    # BwdTileConfig.det_chains: a query tile's turn counters are [chain][unit], and the host's
-    # accumulator stacks one accumulator of whole tiles a chain along the rows (each (batch,
-    # head) pair's rows back to back in the flat form)
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
-    from cute_attn.bwd_sm90 import _dq_accumulator
-
-    cfg = bwd_tile_config(256, 256, False, False, False, True)
-    two = dataclasses.replace(cfg, det_chains=2)
-    assert two.det_turns_per_tile == 2
-    assert dataclasses.replace(two, det_part_turns=True).det_turns_per_tile == 4
-    assert _dq_accumulator(two, 3, 128, 4, 256, "cpu").shape == (3, 256, 4, 256)
-    flat = dataclasses.replace(bwd_tile_config(96, 96, False, False, False, True), det_chains=4)
-    acc = _dq_accumulator(flat, 2, 96, 3, 96, "cpu")
-    assert acc.shape == (2, 384, 3, 96) and acc.stride() == (3 * 384 * 96, 96, 384 * 96, 1)
-    for bad in (0, 3, 8):
-        with pytest.raises(ValueError, match="det_chains"):
-            BwdTileConfig(det_chains=bad)

@@ -17,10 +17,6 @@ kernel's register order. A CTA per tile then loads the tile with 16-byte loads i
 puts each element at its (row, dim) place in a 16-bit smem tile, and stores the tile's rows
 with 16-byte stores.
 
-Several dQ accumulators (`dq_chains`, BwdTileConfig.det_chains): dq_acc's rows are that
-many equal parts, each a whole accumulator (padded rows); a row's value is their sum in index
-order (deterministic).
-
 Waiting for the main grid (`wait_done`, BwdTileConfig.post_overlap; dense only): the kernel
 is launched as the main kernel's programmatic dependent, so its CTAs may start while the main
 grid's last wave runs. Each first waits (thread 0 polls with acquire loads, then a CTA
@@ -54,7 +50,6 @@ class BwdPostprocess:
         varlen_tile_m: int = 0,
         flat: DqFlatTile | None = None,
         wait_done: bool = False,
-        dq_chains: int = 1,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -63,16 +58,11 @@ class BwdPostprocess:
         # launched as the main kernel's programmatic dependent (BwdTileConfig.post_overlap):
         # each CTA first waits until its (batch, head) done count reaches done_target
         self.wait_done = wait_done
-        # the deterministic order's dQ accumulators (BwdTileConfig.det_chains), summed in
-        # index order
-        self.dq_chains = dq_chains
         self._setup_attributes()
 
     def _setup_attributes(self):
         if self.head_dim % 8:
             raise ValueError("head_dim must be a multiple of 8 (16-byte vectors)")
-        if self.dq_chains not in (1, 2, 4):
-            raise ValueError(f"dq_chains {self.dq_chains} must be 1, 2 or 4")
         if self.wait_done and self.varlen_tile_m:
             raise ValueError("wait_done counts the dense grid's CTAs per (batch, head)")
         # 4-element runs: row_threads counts 16-bit elements in 16-byte vectors, so twice the
@@ -150,16 +140,11 @@ class BwdPostprocess:
             start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mdQ.shape[1], self.varlen_tile_m)
         if row < seqlen:
             tpr, nv = self.threads_per_row, self.vecs
-            chain_rows = mdQacc.shape[1] // self.dq_chains
+            g_acc = lane_vectors(mdQacc[b, pad + row, head, None], lane, 4, tpr, nv)
             r_acc = cute.make_rmem_tensor((4, nv), Float32)
-            acc = None
-            for c in cutlass.range_constexpr(self.dq_chains):
-                acc_row = mdQacc[b, c * chain_rows + pad + row, head, None]
-                cute.autovec_copy(lane_vectors(acc_row, lane, 4, tpr, nv), r_acc)
-                # the chains in index order: the same sum every run
-                acc = r_acc.load() if c == 0 else acc + r_acc.load()
+            cute.autovec_copy(g_acc, r_acc)
             r_dq = cute.make_rmem_tensor((4, nv), self.dtype)
-            r_dq.store((acc * softmax_scale).to(self.dtype))
+            r_dq.store((r_acc.load() * softmax_scale).to(self.dtype))
             cute.autovec_copy(r_dq, lane_vectors(mdQ[b, start + row, head, None], lane, 4, tpr, nv))
 
     @cute.kernel
@@ -186,23 +171,13 @@ class BwdPostprocess:
             self.dtype, cute.make_layout((tm, self.flat_row), stride=(self.flat_row, 1)), 16
         )
         if row0 < seqlen:
-            # the tile's real elements from its first row on, run tidx of every step; under
-            # dq_chains the chains' tiles summed in index order
-            chain_rows = mdQacc.shape[1] // self.dq_chains
+            # the tile's real elements from its first row on, run tidx of every step
+            g_tile = cute.make_tensor(
+                mdQacc[b, pad + row0, head, None].iterator,
+                cute.make_layout((4, NUM_THREADS, self.flat_steps), stride=(1, 4, 4 * NUM_THREADS)),
+            )
             r_acc = cute.make_rmem_tensor((4, self.flat_steps), Float32)
-            r_chain = cute.make_rmem_tensor((4, self.flat_steps), Float32)
-            for c in cutlass.range_constexpr(self.dq_chains):
-                g_tile = cute.make_tensor(
-                    mdQacc[b, c * chain_rows + pad + row0, head, None].iterator,
-                    cute.make_layout(
-                        (4, NUM_THREADS, self.flat_steps), stride=(1, 4, 4 * NUM_THREADS)
-                    ),
-                )
-                if cutlass.const_expr(c == 0):
-                    cute.autovec_copy(g_tile[None, tidx, None], r_acc)
-                else:
-                    cute.autovec_copy(g_tile[None, tidx, None], r_chain)
-                    r_acc.store(r_acc.load() + r_chain.load())
+            cute.autovec_copy(g_tile[None, tidx, None], r_acc)
             for step in cutlass.range_constexpr(self.flat_steps):
                 d, q = flat_coords(tile, (step * NUM_THREADS + tidx) * 4)
                 # a run is rows q, q + 1 of dims d, d + 8

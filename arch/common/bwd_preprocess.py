@@ -25,10 +25,6 @@ tile's 96) and a tile holds its elements in the main kernel's order (arch/common
 so its every row is cleared, padding rows and columns included: the tile's real elements sit
 anywhere in it.
 
-Several dQ accumulators (`dq_chains`, BwdTileConfig.det_chains): the accumulator's rows are
-that many equal parts (each a whole accumulator of padded rows) and the row is cleared in
-each.
-
 The lse gradient (`dlse`): when lse is used downstream its gradient enters D, so dsum = dot
 - dlse[b, h, i] on the query rows (dlse laid out like lse).
 
@@ -110,7 +106,6 @@ class BwdPreprocess:
         dq_flat_dim: int = 0,
         dlse: bool = False,
         persistent: bool = False,
-        dq_chains: int = 1,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -123,16 +118,11 @@ class BwdPreprocess:
         self.dlse = dlse
         # a grid of a few CTAs beside the main kernel, counting ready rows per (batch, head)
         self.persistent = persistent
-        # the deterministic order's dQ accumulators (BwdTileConfig.det_chains): the
-        # accumulator's rows are this many equal parts, each row cleared in every part
-        self.dq_chains = dq_chains
         self._setup_attributes()
 
     def _setup_attributes(self):
         if self.head_dim_v % 8 or self.head_dim % 8:
             raise ValueError("head dims must be multiples of 8 (16-byte vectors)")
-        if self.dq_chains not in (1, 2, 4):
-            raise ValueError(f"dq_chains {self.dq_chains} must be 1, 2 or 4")
         if self.persistent and self.varlen_tile_m:
             raise ValueError("the persistent preprocess walks the dense (batch, head) pairs")
         self.threads_per_row = row_threads(self.head_dim_v, 32)
@@ -159,9 +149,7 @@ class BwdPreprocess:
         mdLSE: cute.Tensor | None,  # dlse: (b, h, s_q) fp32, the lse gradient; else None
         mLSE2: cute.Tensor,  # (b, h, s_q padded) fp32, out
         mDsum: cute.Tensor,  # (b, h, s_q padded) fp32, out
-        # (b, s_q, h, d) fp32, out (zeroed); dq_flat_dim: (b, s_pad, h, that); dq_chains > 1:
-        # (b, dq_chains * s_pad, h, ...)
-        mdQacc: cute.Tensor,
+        mdQacc: cute.Tensor,  # (b, s_q, h, d) fp32, out (zeroed); dq_flat_dim: (b, s_pad, h, that)
         mCuSeqlensQ: cute.Tensor | None,  # (sequences + 1,) int32 when varlen, else None
         max_seqlen_q: Int32,  # varlen: sizes the grid; dense: unused
         mReady: cute.Tensor | None,  # persistent: (b, h, x) int32, ready rows at [b, h, x - 1]
@@ -304,11 +292,9 @@ class BwdPreprocess:
         if row < zero_rows:
             zeros = cute.make_rmem_tensor((4, self.dq_vecs), Float32)
             zeros.fill(0.0)
+            acc_row = mdQacc[b, pad + row, head, None]
             tpr = self.threads_per_row
-            chain_rows = mdQacc.shape[1] // self.dq_chains
-            for c in cutlass.range_constexpr(self.dq_chains):
-                acc_row = mdQacc[b, c * chain_rows + pad + row, head, None]
-                cute.autovec_copy(zeros, lane_vectors(acc_row, lane, 4, tpr, self.dq_vecs))
+            cute.autovec_copy(zeros, lane_vectors(acc_row, lane, 4, tpr, self.dq_vecs))
         # every lane of the group takes part in the shuffles, padding rows included
         dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
         if lane == 0 and row < rows:

@@ -150,13 +150,11 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     b, sq, sq_pad = cute.sym_int(), cute.sym_int(), cute.sym_int()
     q, k, v, sk = _fake_qkv(spec, b, sq)
     do = _fake_bshd(dtype, h, dv, b, sq)
-    # packed, dq_flat (whole tiles, rows of dQ^T's head dims) or det_chains (that many
-    # accumulators of whole tiles): the accumulator has padded rows (sq_pad), not q's
-    padded = spec.varlen or spec.config.dq_flat or spec.config.det_chains > 1
+    # packed, or dq_flat (whole tiles, rows of dQ^T's head dims): the accumulator has padded
+    # rows (sq_pad), not q's
+    padded = spec.varlen or spec.config.dq_flat
     dq_d = spec.config.dq_flat_tile(d).acc_dim if spec.config.dq_flat else d
-    # det_chains stacks that many accumulators: rows of their own
-    acc_rows = cute.sym_int() if spec.config.det_chains > 1 else sq_pad if padded else sq
-    dq_acc = _fake_bshd(cutlass.Float32, h, dq_d, b, acc_rows)
+    dq_acc = _fake_bshd(cutlass.Float32, h, dq_d, b, sq_pad if padded else sq)
     h_dkv = spec.num_heads_kv if spec.group_heads else h
     dk = _fake_bshd(dtype, h_dkv, d, b, sk)
     dvt = _fake_bshd(dtype, h_dkv, dv, b, sk)
@@ -184,22 +182,19 @@ def compile_bwd_preprocess(
     dq_flat_dim: int = 0,
     dlse: bool = False,
     persistent: bool = False,
-    dq_chains: int = 1,
 ):
     """TVM-FFI function (out, dout, lse, dlse, lse_log2, dsum, dq_accum, cu_seqlens_q,
     max_seqlen_q, ready, num_ctas); see BwdPreprocess (varlen_tile_m > 0: packed,
     cu_seqlens_q an int32 vector; else None; dq_flat_dim > 0: register-order dQ tiles, the
     accumulator's rows that wide and padded like lse_log2's; dlse: the lse gradient, laid out
     like lse, else None; persistent: ready is the main kernel's (batch, heads, x) int32 sem
-    and num_ctas the grid, else None and unused; dq_chains > 1: the accumulator's rows are
-    that many accumulators of padded rows)."""
+    and num_ctas the grid, else None and unused)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     o = _fake_bshd(dtype, h, head_dim_v, b, sq)
     do = _fake_bshd(dtype, h, head_dim_v, b, sq)
-    padded = varlen_tile_m or dq_flat_dim or dq_chains > 1
-    acc_rows = cute.sym_int() if dq_chains > 1 else sq_pad if padded else sq
-    dq_acc = _fake_bshd(cutlass.Float32, h, dq_flat_dim or head_dim, b, acc_rows)
+    padded = varlen_tile_m or dq_flat_dim
+    dq_acc = _fake_bshd(cutlass.Float32, h, dq_flat_dim or head_dim, b, sq_pad if padded else sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
     ready = None
     if persistent:
@@ -208,9 +203,7 @@ def compile_bwd_preprocess(
         )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPreprocess(
-            dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim, dlse, persistent, dq_chains
-        ),
+        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim, dlse, persistent),
         o, do, _fake_rows(b, h, sq), _fake_rows(b, h, sq) if dlse else None,
         _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu, cutlass.Int32(1), ready,
         cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
@@ -225,20 +218,17 @@ def compile_bwd_postprocess(
     varlen_tile_m: int = 0,
     dq_flat: tuple[int, int, int] = (),
     wait_done: bool = False,
-    dq_chains: int = 1,
 ):
     """TVM-FFI function (dq_accum, dq, softmax_scale, cu_seqlens_q, max_seqlen_q, done,
     done_target); see BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess; dq_flat:
     the main kernel's DqFlatTile fields, whose accumulator rows are padded to whole tiles;
-    wait_done: done is the main kernel's (batch, heads, x) int32 sem, else None; dq_chains
-    as in compile_bwd_preprocess)."""
+    wait_done: done is the main kernel's (batch, heads, x) int32 sem, else None)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     flat = DqFlatTile(*dq_flat) if dq_flat else None
-    padded = varlen_tile_m or flat is not None or dq_chains > 1
+    padded = varlen_tile_m or flat is not None
     acc_dim = head_dim if flat is None else flat.acc_dim
-    acc_rows = cute.sym_int() if dq_chains > 1 else sq_pad if padded else sq
-    dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, acc_rows)
+    dq_acc = _fake_bshd(cutlass.Float32, h, acc_dim, b, sq_pad if padded else sq)
     dq = _fake_bshd(dtype, h, head_dim, b, sq)
     cu = _fake_int32_vector() if varlen_tile_m else None
     done = None
@@ -248,7 +238,7 @@ def compile_bwd_postprocess(
         )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat, wait_done, dq_chains), dq_acc, dq,
+        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat, wait_done), dq_acc, dq,
         cutlass.Float32(1.0), cu, cutlass.Int32(1), done, cutlass.Int32(1), stream,
         options=options, jit_engine=jit_engine,
     )  # fmt: skip

@@ -204,11 +204,9 @@ class FlashBwdSm90:
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
         self.l2_sections = cfg.l2_section_bytes > 0
-        # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator
-        # (one a chain: det_chains), lse and D of one query head (a group_heads CTA walks its
-        # query heads one at a time)
-        acc_bytes = 4 * self.head_dim * cfg.det_chains
-        self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + acc_bytes + 8
+        # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator,
+        # lse and D of one query head (a group_heads CTA walks its query heads one at a time)
+        self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + 4 * self.head_dim + 8
         # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
         self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
         # K's smem tile and dQ^T's head-dim rows: tile_d, or wider (BwdTileConfig.dq_head_dim)
@@ -249,11 +247,6 @@ class FlashBwdSm90:
         self.post_overlap = cfg.post_overlap
         # the persistent preprocess runs beside this grid (BwdTileConfig.pre_overlap)
         self.pre_overlap = cfg.pre_overlap
-        # the deterministic order's dQ accumulators (BwdTileConfig.det_chains): the
-        # accumulator's rows are that many equal parts of whole tiles, one a chain
-        self.dq_chains = cfg.det_chains
-        if self.dq_chains > 1 and not self.deterministic:
-            raise ValueError("det_chains splits the deterministic order's turns: deterministic")
         if (self.post_overlap or self.pre_overlap) and self.varlen:
             raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
@@ -855,14 +848,10 @@ class FlashBwdSm90:
             cute.arch.barrier_arrive(
                 barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
             )
-        # det_chains: the accumulator's rows are dq_chains equal parts of whole tiles
-        chain_tiles = Int32(0)
-        if cutlass.const_expr(self.dq_chains > 1):
-            chain_tiles = mdQacc.shape[0] // (self.dq_chains * self.tile_m)
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
-            # (det_chains, det_part_turns: one per query tile, chain and unit)
+            # (det_part_turns: one per query tile and unit)
             sem_bh = self._padded_rows(
                 mSem[None, head_q, seq.q_batch],
                 row_off // self.tile_m * self.config.det_turns_per_tile,
@@ -886,18 +875,6 @@ class FlashBwdSm90:
             # the preprocess cleared this head's accumulator
             self._wait_ready(mSem, head_q, seq.q_batch, ready_rows)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
-                # deterministic: this key tile's rank among the query tile's visitors, whose
-                # chain (det_chains) picks the accumulator and the turn counters, and its turn
-                # there; the first accumulator's tiles otherwise
-                chain, my_turn, acc_tile = Int32(0), Int32(0), m_block
-                if cutlass.const_expr(self.deterministic):
-                    rank = self._det_rank(mask, n_block, m_block)
-                    my_turn = rank
-                    if cutlass.const_expr(self.dq_chains > 1):
-                        # rank >= 0 and dq_chains a power of two
-                        chain = rank & (self.dq_chains - 1)
-                        my_turn = rank >> (self.dq_chains.bit_length() - 1)
-                        acc_tile = m_block + chain * chain_tiles
                 for part in cutlass.range_constexpr(parts):
                     # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
                     # buffer or the shared one
@@ -908,15 +885,15 @@ class FlashBwdSm90:
                     if cutlass.const_expr(self.flat is not None):
                         # the unit's boxes that hold real head dims, from the unit's first box
                         # in the accumulator's tile (_setup_flat_boxes)
-                        first = (tile0 + acc_tile) * self.dq_tile_boxes + self.dq_unit_base[part]
+                        first = (tile0 + m_block) * self.dq_tile_boxes + self.dq_unit_base[part]
                         copies = []
                         for i in cutlass.range_constexpr(self.dq_unit_live[part]):
                             src = tdQsdQ[None, buf * self.dq_unit_boxes + i]
                             copies.append((src, tdQgdQ[None, first + i]))
                     else:
-                        copies = [(tdQsdQ[None, buf], tdQgdQ[None, acc_tile, part])]
+                        copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
                     self._dq_add(
-                        tma_atom_dQ, copies, sem_bh, m_block, chain, my_turn, lane, part, parts
+                        tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part, parts
                     )
                     # the warpgroup's own buffer is free again; a shared half buffer goes to the
                     # next part's warpgroup (the first one's next tile)
@@ -1443,26 +1420,36 @@ class FlashBwdSm90:
         tma_atom_dQ: cute.CopyAtom,
         copies: list,
         sem_bh: cute.Tensor,
+        mask: TileMask,
+        n_block: Int32,
         m_block: Int32,
-        chain: Int32,
-        my_turn: Int32,
         lane: Int32,
         part: cutlass.Constexpr[int],
         parts: cutlass.Constexpr[int],
     ):
         """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
         its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
-        be overwritten. Deterministic: the first part waits until the query tile's counter of
-        `chain` reads `my_turn` (_det_rank), the last hands the turn on once every part has
-        landed; with det_part_turns each part waits for its own turn and hands it on once it
-        has landed."""
+        be overwritten. Deterministic: the first part waits for this key tile's turn, the last
+        hands the turn on once every part has landed; with det_part_turns each part waits for
+        its own turn and hands it on once it has landed."""
         per_part = self.config.det_part_turns
         turn = sem_bh.iterator + m_block * self.config.det_turns_per_tile
-        if cutlass.const_expr(self.dq_chains > 1):
-            turn = turn + chain * (self.config.det_turns_per_tile // self.dq_chains)
         if cutlass.const_expr(per_part):
             turn = turn + part
         if cutlass.const_expr(self.deterministic and (part == 0 or per_part)):
+            # My turn comes when the key tiles before mine in a fixed order have added
+            # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
+            # (band mask). Without a right bound they go left to right; with one (causal)
+            # right to left, because the tile nearest the diagonal reaches this query tile
+            # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
+            # the unordered speed at D=128 causal). The tiles waited on are launched
+            # earlier (the grid is reversed in the right-to-left case; L2 sections launch a
+            # pair's key tiles in rank order too), so they are running or done: no deadlock.
+            if cutlass.const_expr(self.has_right):
+                my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
+            else:
+                n_first, _ = mask.n_block_range(m_block)
+                my_turn = n_block - n_first
             if lane == 0:
                 seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
                 while seen != my_turn:
@@ -1479,25 +1466,6 @@ class FlashBwdSm90:
         else:
             # the reduce must have read sdQ before the consumers overwrite it
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _det_rank(self, mask: TileMask, n_block: Int32, m_block: Int32) -> Int32:
-        """Key tile n_block's place in the fixed order of the key tiles that add into query
-        tile m_block (0 first). The visitors are a contiguous [n_first, n_end) (band mask).
-        Without a right bound they go left to right; with one (causal) right to left, because
-        the tile nearest the diagonal reaches this query tile first: left to right made every
-        tile wait for tile 0's walk (0.52-0.60x of the unordered speed at D=128 causal). The
-        tiles waited on are launched earlier (the grid is reversed in the right-to-left case;
-        L2 sections launch a pair's key tiles in rank order too), so they are running or
-        done: no deadlock. Under det_chains a tile waits only on its own chain's tiles, a
-        subset of those."""
-        rank = Int32(0)
-        if cutlass.const_expr(self.has_right):
-            rank = mask.n_block_end_bwd(m_block) - 1 - n_block
-        else:
-            n_first, _ = mask.n_block_range(m_block)
-            rank = n_block - n_first
-        return rank
 
     @cute.jit
     def _add_when_landed(self, counter: cute.Pointer, lane: Int32):

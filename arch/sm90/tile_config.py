@@ -856,14 +856,6 @@ class BwdTileConfig:
     # key tile before it in the order has landed that unit, not its whole tile, so a link of
     # the turn chain is one unit's add. Bitwise the same sums (each element lies in one unit)
     det_part_turns: bool = False
-    # the deterministic order over this many dQ accumulators (1, 2 or 4): the key tiles that
-    # visit a query tile go, in the order's rank r, to accumulator r % det_chains, each with
-    # its own turn counters, and the postprocess sums the accumulators in index order. A
-    # chain's links are then det_chains key tiles apart, so one add need only land within
-    # that many of the walk's steps, not one. Costs det_chains - 1 more fp32 accumulators
-    # (cleared by the preprocess, read by the postprocess). Bitwise deterministic still, but
-    # not bitwise the one-chain sums
-    det_chains: int = 1
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
@@ -875,8 +867,6 @@ class BwdTileConfig:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
             raise ValueError("dq_wg_handoff hands over query-column halves: dq_flat without halves")
-        if self.det_chains not in (1, 2, 4):
-            raise ValueError(f"det_chains {self.det_chains} must be 1, 2 or 4")
         if self.det_part_turns and self.dq_units == 1:
             raise ValueError("det_part_turns takes turns per dQ writer unit: needs two units")
         if self.dq_skip_zero_rows and not (self.dq_flat and self.dq_head_dim):
@@ -958,9 +948,8 @@ class BwdTileConfig:
 
     @property
     def det_turns_per_tile(self) -> int:
-        """Deterministic turn counters a query tile: one a chain (det_chains), times the
-        writer units under det_part_turns; [chain][unit] order."""
-        return self.det_chains * (self.dq_units if self.det_part_turns else 1)
+        """Deterministic turn counters a query tile (det_part_turns: one a writer unit)."""
+        return self.dq_units if self.det_part_turns else 1
 
     def dq_tile_head_dim(self, head_dim: int) -> int:
         """The head dim of K's smem tile and of dQ^T's rows (staging, reduce-add boxes)."""
