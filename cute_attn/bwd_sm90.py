@@ -288,12 +288,11 @@ def run_bwd(
     h_dkv = hkv if key.group_heads else h  # dK / dV per KV head, or per query head
     dk_h = torch.empty((b, sk, h_dkv, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((b, sk, h_dkv, dv_dim), dtype=q.dtype, device=q.device)
-    # deterministic: a zeroed turn counter per (batch, head, query tile), or per query tile and
-    # dQ writer unit (BwdTileConfig.det_part_turns); then, under the
+    # deterministic: a zeroed turn counter per (batch, head, query tile); then, under the
     # overlaps, [b, h, -2] post_overlap's count of main CTAs whose dQ adds landed and
     # [b, h, -1] pre_overlap's count of rows the preprocess wrote. Neither: the kernel never
     # reads it, so a tiny uninitialized tensor (no fill launch) stands in
-    turns = sq_pad // cfg.tile_m * cfg.det_turns_per_tile if p.deterministic else 0
+    turns = sq_pad // cfg.tile_m if p.deterministic else 0
     if p.deterministic or overlap:
         sem = torch.zeros((b, h, turns + 2 * overlap), dtype=torch.int32, device=q.device)
     else:
@@ -358,8 +357,7 @@ def run_bwd_varlen(
     dk_h = torch.empty((total_k, h_dkv, d), dtype=q.dtype, device=q.device)
     dv_h = torch.empty((total_k, h_dkv, dv_dim), dtype=q.dtype, device=q.device)
     if p.deterministic:
-        turns = rows // tm * cfg.det_turns_per_tile
-        sem = torch.zeros((1, h, turns), dtype=torch.int32, device=q.device)
+        sem = torch.zeros((1, h, rows // tm), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     pre, main, post = build_bwd_aux(pre_key), build_bwd(key), build_bwd_aux(post_key)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `pt_tests det_big_tests
-# pt_ab` (any card: det_part_turns, built in the sixtieth session, never run), then on an
-# H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`; also owed, the deterministic tests
-# at D = 192 / 256 in their new L2 sections (`det_big_tests`) and the backward sweep's cases
-# 457-480 (BWD_SWEEP_FROM=457 ... bwd_sweep). The fifty-eighth session
-# put L2 sections in the unmasked deterministic order (bwd_tile_config) and removed
+# installed there), by steps; the default is what is still pending, on an H200: `preov_ab
+# sdk_ab sdk_rows bwd_bench bwd_touched`. The sixty-first session ran `det_big_tests` and the
+# backward sweep's cases 457-480 on an H100 (both passed) and removed det_part_turns and
+# det_chains (a deterministic variant of its own), which lost everywhere in its A/B
+# (docs/perf/tune_bwd_det_chains_s61_h100.json). The fifty-eighth session put L2 sections
+# in the unmasked deterministic order (bwd_tile_config) and removed
 # BwdTileConfig.det_free_early (it lost everywhere), and checked the persistent preprocess
 # on 896 threads (`preov_896 preov_tests preov_fp16`) and the new deterministic tests
 # (`det_sec_tests`), on an H100 only; the fifty-ninth put BwdTileConfig.dq_skip_zero_rows in
@@ -38,9 +38,7 @@
 #               and 256, and in L2 sections
 #   compact_tests  D = 96's compact flat accumulator (96 floats a row): its backward tests
 #               (104); compact_ab: off (dq_skip_zero_rows=False) / on, D = 96, 4 shapes
-#   pt_tests    BwdTileConfig.det_part_turns forced on (12 tests); pt_ab: the default order,
-#               deterministic, deterministic with a turn per writer unit, D = 96 to 256;
-#               det_big_tests: the deterministic tests at D = 192 / 256 (31)
+#   det_big_tests  the deterministic tests at D = 192 / 256 (26)
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -97,7 +95,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pt_tests det_big_tests pt_ab preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -227,24 +225,11 @@ for step in "${steps[@]}"; do
       gpu_tests 560 gpu_tests_skip_zero.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "(sweep and (64-64-dtype0 or 96-96 or 128-128-dtype0)) or lse_gradient or \
           only_lse or (deterministic and 96) or (group_heads and 96) or cuda_graph" ;;
-    pt_tests)
-      # BwdTileConfig.det_part_turns forced on: dense at every head dim, unmasked and causal,
-      # and packed at D = 96 / 256 (12)
-      gpu_tests 300 gpu_tests_part_turns.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
-          -k part_turns ;;
     det_big_tests)
       # the deterministic tests past D = 128 (their unmasked order in L2 sections since the
-      # sixtieth session), the part-turn ones among them (31)
+      # sixtieth session; 26)
       gpu_tests 400 gpu_tests_det_big.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "deterministic and (192 or 256)" ;;
-    pt_ab)
-      # the deterministic order with a turn per query tile / per tile and writer unit, and
-      # the default order beside them
-      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 12 \
-          --shapes d256-4k,d256-4k-causal,d192-4k-causal,d128-4k-causal,d96-4k \
-          --variant base= --variant det=deterministic=1 \
-          --variant det_pt=deterministic=1,det_part_turns=True \
-          --out "$OUT/tune_bwd_part_turns_$gpu.json" > "$OUT/tune_bwd_part_turns.log" 2>&1 ;;
     compact_tests)
       # D = 96's compact flat accumulator (DqFlatTile.dims: 96 floats a row, not 128): its
       # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104)
@@ -429,9 +414,7 @@ for step in "${steps[@]}"; do
     skip_ab) tail -30 "$OUT/tune_bwd_skip_zero.log" ;;
     det_big) tail -12 "$OUT/tune_bwd_det_big.log" ;;
     compact_tests) tail -4 "$OUT/gpu_tests_compact.log" ;;
-    pt_tests) tail -4 "$OUT/gpu_tests_part_turns.log" ;;
     det_big_tests) tail -4 "$OUT/gpu_tests_det_big.log" ;;
-    pt_ab) tail -16 "$OUT/tune_bwd_part_turns.log" ;;
     compact_ab) tail -12 "$OUT/tune_bwd_compact.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;

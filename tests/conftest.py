@@ -56,16 +56,6 @@ def built_bwd_keys(monkeypatch):
 
 
 @pytest.fixture
-def part_turns(monkeypatch, built_bwd_keys):
-    """Force BwdTileConfig.det_part_turns (the deterministic order's turn counter per query
-    tile and dQ writer unit) on every deterministic backward key; yields the built keys."""
-    from gpu_cases import force_bwd_tile
-
-    force_bwd_tile(monkeypatch, lambda p: p.deterministic, det_part_turns=True)
-    yield built_bwd_keys
-
-
-@pytest.fixture
 def grouped_heads(monkeypatch, built_bwd_keys):
     """Force the GQA backward's group_heads variant (a CTA per KV head walking its query
     heads) whenever there is a group, whatever the grid size; yields the BwdKeys built."""

@@ -242,23 +242,6 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
     }, built_bwd_keys
 
 
-# BwdTileConfig.det_part_turns: each dQ writer unit (a warpgroup's part) waits for its own
-# turn and hands it on once landed; against the reference and bitwise over runs, on every
-# head dim's tile (two units each), unmasked (in the table's L2 sections) and causal
-# (right-to-left turns)
-@pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
-@pytest.mark.parametrize("causal", [False, True])
-def test_bwd_deterministic_part_turns(part_turns, d, causal):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
-
-    q, k, v, dout = _inputs(2, 333, 777, 4, 2, d, d, torch.bfloat16)
-    _check(q, k, v, dout, deterministic=True, causal=causal)
-    _assert_bitwise(q, k, v, dout, 5, deterministic=True, causal=causal)
-    cfgs = [BwdTileConfig(*key.tile) for key in part_turns]
-    assert cfgs and all(c.det_part_turns and c.det_turns_per_tile == 2 for c in cfgs), cfgs
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])

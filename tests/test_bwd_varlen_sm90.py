@@ -127,22 +127,6 @@ def test_varlen_bwd_lse_gradient(d):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [96, 256])
-def test_varlen_bwd_deterministic_part_turns(part_turns, d):
-    # BwdTileConfig.det_part_turns over packed sequences: each sequence's turn counters
-    # start at its padded tile times the units a tile (bitwise over runs, and right)
-    lens_q, lens_k = LENGTHS["mixed"]
-    _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=True)
-    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
-    first = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=True)
-    for _ in range(3):
-        again = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=True)
-        for a, b in zip(first, again):
-            assert torch.equal(a, b)
-    assert part_turns and all(key.varlen for key in part_turns), part_turns
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_bwd_deterministic_is_bitwise_and_sequences_do_not_leak(d, causal):

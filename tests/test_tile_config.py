@@ -921,19 +921,3 @@ def test_kernel_window_clamp_is_exact():
             cl, cr = (cl if left >= 0 else -1), (cr if right >= 0 else -1)
             want = visible_mask(sq, sk, left, right)
             assert bool((visible_mask(sq, sk, cl, cr) == want).all()), (sq, sk, left, right)
-
-
-def test_det_part_turns_counts_a_turn_per_writer_unit():
-    # BwdTileConfig.det_part_turns: the host sizes the deterministic counters per query tile
-    # and dQ writer unit (run_bwd, run_bwd_varlen), which every table tile has two of
-    from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
-
-    for (d, dv), flags in itertools.product(
-        BWD_HEAD_DIMS, itertools.product((False, True), repeat=3)
-    ):
-        cfg = bwd_tile_config(d, dv, *flags, True)
-        assert cfg.dq_units == 2 and cfg.det_turns_per_tile == 1, (d, dv, flags, cfg)
-        on = dataclasses.replace(cfg, det_part_turns=True)
-        assert on.det_turns_per_tile == 2
-    with pytest.raises(ValueError, match="det_part_turns"):
-        BwdTileConfig(det_part_turns=True)  # one unit: the whole 64 x 128 tile

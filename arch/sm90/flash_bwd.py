@@ -851,11 +851,7 @@ class FlashBwdSm90:
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
-            # (det_part_turns: one per query tile and unit)
-            sem_bh = self._padded_rows(
-                mSem[None, head_q, seq.q_batch],
-                row_off // self.tile_m * self.config.det_turns_per_tile,
-            )
+            sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
             if cutlass.const_expr(self.flat is not None):
                 # a tile's boxes in a row from its first row on (varlen: row_off, a multiple
                 # of tile_m)
@@ -1430,13 +1426,9 @@ class FlashBwdSm90:
         """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
         its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
         be overwritten. Deterministic: the first part waits for this key tile's turn, the last
-        hands the turn on once every part has landed; with det_part_turns each part waits for
-        its own turn and hands it on once it has landed."""
-        per_part = self.config.det_part_turns
-        turn = sem_bh.iterator + m_block * self.config.det_turns_per_tile
-        if cutlass.const_expr(per_part):
-            turn = turn + part
-        if cutlass.const_expr(self.deterministic and (part == 0 or per_part)):
+        hands the turn on once every part has landed."""
+        turn = sem_bh.iterator + m_block
+        if cutlass.const_expr(self.deterministic and part == 0):
             # My turn comes when the key tiles before mine in a fixed order have added
             # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
             # (band mask). Without a right bound they go left to right; with one (causal)
@@ -1459,9 +1451,8 @@ class FlashBwdSm90:
         for i in cutlass.range_constexpr(len(copies)):
             cute.copy(tma_atom_dQ, copies[i][0], copies[i][1])
         cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and (part == parts - 1 or per_part)):
-            # every part (its own part: det_part_turns) must have landed before the next key
-            # tile's turn
+        if cutlass.const_expr(self.deterministic and part == parts - 1):
+            # every part must have landed before the next key tile's turn
             self._add_when_landed(turn, lane)
         else:
             # the reduce must have read sdQ before the consumers overwrite it

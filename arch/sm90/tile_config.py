@@ -851,11 +851,6 @@ class BwdTileConfig:
     # and dQ-writer warps wait per query head for the rows the preprocess counts ready
     # (arch/common/bwd_preprocess.py). Dense (like post_overlap)
     pre_overlap: bool = False
-    # the deterministic order with a turn counter per (query tile, writer unit: a
-    # warpgroup's part, dq_units) instead of per query tile: a key tile adds a unit once the
-    # key tile before it in the order has landed that unit, not its whole tile, so a link of
-    # the turn chain is one unit's add. Bitwise the same sums (each element lies in one unit)
-    det_part_turns: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
@@ -867,8 +862,6 @@ class BwdTileConfig:
             raise ValueError("dq_flat stages dQ^T's accumulator: needs dq_swap_ab")
         if self.dq_wg_handoff and not (self.dq_flat and not self.dq_half_staging):
             raise ValueError("dq_wg_handoff hands over query-column halves: dq_flat without halves")
-        if self.det_part_turns and self.dq_units == 1:
-            raise ValueError("det_part_turns takes turns per dQ writer unit: needs two units")
         if self.dq_skip_zero_rows and not (self.dq_flat and self.dq_head_dim):
             raise ValueError("dq_skip_zero_rows skips dq_head_dim's rows of a dq_flat tile")
         if self.dq_stages not in (1, 2):
@@ -945,11 +938,6 @@ class BwdTileConfig:
         """The dQ writer's units a tile (one handoff each): a warpgroup's part
         (dq_half_staging) or query-column half (dq_wg_handoff), else the whole tile."""
         return self.num_mma_warpgroups if self.dq_half_staging or self.dq_wg_handoff else 1
-
-    @property
-    def det_turns_per_tile(self) -> int:
-        """Deterministic turn counters a query tile (det_part_turns: one a writer unit)."""
-        return self.dq_units if self.det_part_turns else 1
 
     def dq_tile_head_dim(self, head_dim: int) -> int:
         """The head dim of K's smem tile and of dQ^T's rows (staging, reduce-add boxes)."""
