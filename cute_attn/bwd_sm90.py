@@ -297,8 +297,9 @@ def run_bwd(
         sem = torch.zeros((b, h, turns + 2 * overlap), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
-    # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head)
-    done = (sem, -(-sk // cfg.tile_n)) if cfg.post_overlap else (None, 0)
+    # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head), each
+    # counted by each of its dQ writer warps
+    done = (sem, -(-sk // cfg.tile_n) * cfg.dq_writers) if cfg.post_overlap else (None, 0)
     ready = (None, 0)
     if cfg.pre_overlap:
         # the persistent preprocess keeps at most half the SMs (the main grid takes the rest

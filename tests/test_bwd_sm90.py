@@ -242,6 +242,38 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
     }, built_bwd_keys
 
 
+# BwdTileConfig.dq_writers = 2: two writer warps take the query tiles in turn, each handed
+# its tiles on barriers of its own (the consumers pick them by their Q stage); against the
+# reference, and in the deterministic order bitwise over runs, on every head dim's tile,
+# unmasked and causal, odd lengths (an odd tile count) and a group_heads CTA (its tile count
+# runs on over the query heads)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128),
+                                  (256, 256)])  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [False, True])
+def test_bwd_two_dq_writers(monkeypatch, built_bwd_keys, dims, causal, det):
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    force_bwd_tile(monkeypatch, dq_writers=2)
+    q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
+    _check(q, k, v, dout, deterministic=det, causal=causal)
+    if det:
+        _assert_bitwise(q, k, v, dout, 5, deterministic=True, causal=causal)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.dq_writers == 2 for c in cfgs), cfgs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [96, 128, 256])
+def test_bwd_two_dq_writers_group_heads(monkeypatch, grouped_heads, d):
+    force_bwd_tile(monkeypatch, dq_writers=2)
+    q, k, v, dout = _inputs(2, 301, 457, 6, 2, d, d, torch.bfloat16)
+    _check(q, k, v, dout, deterministic=True, causal=True)
+    _assert_bitwise(q, k, v, dout, 3, deterministic=True, causal=True)
+    assert grouped_heads and all(key.group_heads for key in grouped_heads), grouped_heads
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1024, 1024)])

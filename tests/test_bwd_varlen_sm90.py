@@ -21,7 +21,7 @@ from cute_attn import flash_attn_varlen_func, last_backward_dispatch, last_dispa
 from cute_attn.bench import capture_graph
 from cute_attn.reference import attention_ref_varlen
 
-from gpu_cases import SWEEP_MODES, assert_grads_match, mode_kwargs
+from gpu_cases import SWEEP_MODES, assert_grads_match, force_bwd_tile, mode_kwargs
 
 # (lens_q, lens_k) per case: cross-attention lengths, self-attention lengths, empty sequences
 LENGTHS = {
@@ -124,6 +124,23 @@ def test_varlen_bwd_group_heads(grouped_heads, d, hkv, kw):
 def test_varlen_bwd_lse_gradient(d):
     # dlse enters D at each row's padded position (bwd_sm90.run_bwd_varlen)
     _check(*LENGTHS["mixed"], d=d, dv=d, lse_grad=True, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,causal", [(96, True), (128, False), (256, True)])
+def test_varlen_bwd_two_dq_writers(monkeypatch, built_bwd_keys, d, causal):
+    # BwdTileConfig.dq_writers = 2 over packed sequences, deterministic: right, and bitwise
+    # over runs
+    force_bwd_tile(monkeypatch, dq_writers=2)
+    lens_q, lens_k = LENGTHS["mixed"]
+    _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=causal)
+    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
+    first = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
+    for _ in range(3):
+        again = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+    assert built_bwd_keys and all(key.varlen for key in built_bwd_keys), built_bwd_keys
 
 
 @pytest.mark.gpu

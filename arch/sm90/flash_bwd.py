@@ -128,6 +128,7 @@ class BwdRoles:
     num_mma_warpgroups: int = 2
     load_warp: int = 0  # TMA loads of K, V, Q, dO
     dq_warp: int = 1  # TMA reduce-add of each dQ partial
+    dq_warp_odd: int = 2  # with BwdTileConfig.dq_writers = 2: the odd query tiles' adds
     store_warp: int = 4  # first consumer warp: issues the dK/dV TMA stores
     producer_regs: int = 24
     mma_regs: int = 240
@@ -139,6 +140,8 @@ class BwdRoles:
     # under dq_half_staging warpgroup w hands its half over on bar_dq_full + 2 w and waits for
     # its buffer on bar_dq_empty + 2 w (ids 3 / 4 and 5 / 6)
     bar_dq_wg_step: int = 2
+    # dq_writers = 2: the odd tiles' handoff to the second writer, ids 9 (and 11) for 3 (and 5)
+    bar_dq_full_odd: int = 9
     # single_ds: the other warpgroup finished reading the one dS buffer, warpgroup w may
     # overwrite its part: id 7 + w (w waits, the other warpgroup arrives)
     bar_ds_free: int = 7
@@ -697,10 +700,11 @@ class FlashBwdSm90:
                         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                         seq, row_off, n_block, head, m_min, m_max, mSem,
                     )  # fmt: skip
-                if warp_idx == roles.dq_warp:
+                writers = self.config.dq_writers
+                if warp_idx >= roles.dq_warp and warp_idx < roles.dq_warp + writers:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
-                        m_min, m_max, mLSE.shape[0],
+                        m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp,
                     )  # fmt: skip
             else:
                 cute.arch.setmaxregister_increase(roles.mma_regs)
@@ -832,9 +836,16 @@ class FlashBwdSm90:
         m_min: Int32,
         m_max: Int32,
         ready_rows: Int32,
+        writer: Int32,
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
+        # BwdTileConfig.dq_writers = 2: writer w takes the walk's tiles of parity w (counted
+        # over every query head of a group_heads CTA, as the consumers' Q stage alternates),
+        # each handed over on barriers of its own, so one's wait for its adds to land (the
+        # deterministic turn) overlaps the other's next add
+        writers = self.config.dq_writers
+        full0 = roles.bar_dq_full + (roles.bar_dq_full_odd - roles.bar_dq_full) * writer
         # (query tile, part) tiles: one part, or one per warpgroup (its head-dim half under
         # dq_half_staging, its query-column half of the flat tile under dq_wg_handoff)
         parts, threads = self.config.dq_units, roles.dq_sync_threads
@@ -844,10 +855,12 @@ class FlashBwdSm90:
         own_bufs = self.dq_wg_bufs or self.dq_wg_handoff
         step = roles.bar_dq_wg_step
         # every buffer starts empty (one shared half buffer: for the first warpgroup)
-        for buf in cutlass.range_constexpr(parts if own_bufs else self.config.dq_stages):
-            cute.arch.barrier_arrive(
-                barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
-            )
+        if writer == 0:
+            for buf in cutlass.range_constexpr(parts if own_bufs else self.config.dq_stages):
+                cute.arch.barrier_arrive(
+                    barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
+                )
+        walked = Int32(0)  # query tiles walked, over every query head
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
@@ -871,32 +884,41 @@ class FlashBwdSm90:
             # the preprocess cleared this head's accumulator
             self._wait_ready(mSem, head_q, seq.q_batch, ready_rows)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
-                for part in cutlass.range_constexpr(parts):
-                    # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
-                    # buffer or the shared one
-                    buf = part if cutlass.const_expr(own_bufs) else 0
-                    cute.arch.barrier(
-                        barrier_id=roles.bar_dq_full + step * part, number_of_threads=threads
-                    )
-                    if cutlass.const_expr(self.flat is not None):
-                        # the unit's boxes that hold real head dims, from the unit's first box
-                        # in the accumulator's tile (_setup_flat_boxes)
-                        first = (tile0 + m_block) * self.dq_tile_boxes + self.dq_unit_base[part]
-                        copies = []
-                        for i in cutlass.range_constexpr(self.dq_unit_live[part]):
-                            src = tdQsdQ[None, buf * self.dq_unit_boxes + i]
-                            copies.append((src, tdQgdQ[None, first + i]))
-                    else:
-                        copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
-                    self._dq_add(
-                        tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part, parts
-                    )
-                    # the warpgroup's own buffer is free again; a shared half buffer goes to the
-                    # next part's warpgroup (the first one's next tile)
-                    free = part if cutlass.const_expr(own_bufs) else (part + 1) % parts
-                    cute.arch.barrier_arrive(
-                        barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
-                    )
+                mine = True
+                if cutlass.const_expr(writers > 1):
+                    mine = (walked & 1) == writer
+                    walked += 1
+                if mine:
+                    for part in cutlass.range_constexpr(parts):
+                        # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
+                        # buffer or the shared one
+                        buf = part if cutlass.const_expr(own_bufs) else 0
+                        cute.arch.barrier(barrier_id=full0 + step * part, number_of_threads=threads)
+                        if cutlass.const_expr(self.flat is not None):
+                            # the unit's boxes that hold real head dims, from the unit's first box
+                            # in the accumulator's tile (_setup_flat_boxes)
+                            first = (tile0 + m_block) * self.dq_tile_boxes + self.dq_unit_base[part]
+                            copies = []
+                            for i in cutlass.range_constexpr(self.dq_unit_live[part]):
+                                src = tdQsdQ[None, buf * self.dq_unit_boxes + i]
+                                copies.append((src, tdQgdQ[None, first + i]))
+                        else:
+                            copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
+                        self._dq_add(
+                            tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part, parts,
+                            writers == 1,
+                        )  # fmt: skip
+                        # the warpgroup's own buffer is free again; a shared half buffer goes to the
+                        # next part's warpgroup (the first one's next tile)
+                        free = part if cutlass.const_expr(own_bufs) else (part + 1) % parts
+                        cute.arch.barrier_arrive(
+                            barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
+                        )
+                        if cutlass.const_expr(self.deterministic and writers > 1):
+                            if cutlass.const_expr(part == parts - 1):
+                                # the turn goes on once this tile's adds landed, with its buffer
+                                # already back (the other writer's add runs meanwhile)
+                                self._add_when_landed(sem_bh.iterator + m_block, lane)
             if cutlass.const_expr(self.post_overlap):
                 # count this CTA done for the postprocess once its adds into head_q landed
                 done = mSem.iterator + cute.crd2idx(
@@ -1201,9 +1223,11 @@ class FlashBwdSm90:
                         cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
                         tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
                         cute.arch.fence_view_async_shared()
-                        cute.arch.barrier_arrive(
-                            barrier_id=bar_dq_full, number_of_threads=dq_threads
-                        )
+                        full = bar_dq_full
+                        if cutlass.const_expr(self.config.dq_writers > 1):
+                            # the odd tiles' writer (dq_writer): the Q stage alternates a tile
+                            full = bar_dq_full + (roles.bar_dq_full_odd - roles.bar_dq_full) * stage
+                        cute.arch.barrier_arrive(barrier_id=full, number_of_threads=dq_threads)
                         if cutlass.const_expr(s_ahead):
                             if tiles_left > 0:
                                 # the next tile's S^T queues behind this tile's dK
@@ -1422,11 +1446,13 @@ class FlashBwdSm90:
         lane: Int32,
         part: cutlass.Constexpr[int],
         parts: cutlass.Constexpr[int],
+        hand_on: cutlass.Constexpr[bool] = True,
     ):
         """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
         its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
         be overwritten. Deterministic: the first part waits for this key tile's turn, the last
-        hands the turn on once every part has landed."""
+        hands the turn on once every part has landed (unless not `hand_on`: the caller does,
+        after giving the buffer back)."""
         turn = sem_bh.iterator + m_block
         if cutlass.const_expr(self.deterministic and part == 0):
             # My turn comes when the key tiles before mine in a fixed order have added
@@ -1451,7 +1477,7 @@ class FlashBwdSm90:
         for i in cutlass.range_constexpr(len(copies)):
             cute.copy(tma_atom_dQ, copies[i][0], copies[i][1])
         cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and part == parts - 1):
+        if cutlass.const_expr(self.deterministic and part == parts - 1 and hand_on):
             # every part must have landed before the next key tile's turn
             self._add_when_landed(turn, lane)
         else:
