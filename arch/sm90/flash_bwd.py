@@ -37,7 +37,10 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
   * deterministic (compile-time switch): the dQ writer of key tile n adds its partial of query
     tile m only after the key tiles left of it that see m did (a per-(batch, head, m) int32
     semaphore counts them), and waits for its add to land before releasing the next one. The
-    fp32 sums then happen in one fixed order: bitwise identical run to run.
+    fp32 sums then happen in one fixed order: bitwise identical run to run. The table gives
+    that order two writer warps (BwdTileConfig.dq_writers: warps 1 and 2 take the walk's
+    tiles in turn, the consumers hand the odd ones over on barriers of their own), so one's
+    wait for its adds to land overlaps the other's add.
   * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
     multiple of 128 (D = 96 under softcap in the deterministic order -> 128); TMA zero-fills
     the columns past the tensors' on load and drops them on store / reduce-add. With

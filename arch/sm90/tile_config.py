@@ -1183,6 +1183,22 @@ def bwd_tile_config(
     # / 488.1, 16k causal 566.8 / 573.2; D=96 4k causal 384.4 / 401.2; D=64 4k 437.3 / 448.4
     if not varlen and head_dim <= 128:
         cfg = dataclasses.replace(cfg, pre_overlap=True)
+    # dq_writers = 2 in the deterministic order: each writer waits for its tile's adds to land
+    # before it hands the turn on, and with two that wait overlaps the other's add. Round-robin
+    # on an H200, TFLOP/s, default order / default with 2 / deterministic / deterministic with
+    # 2 (tune_bwd_dq_writers_s61_h200.json; same gradients): D=256 4k 400.7 / 401.4 / 338.8 /
+    # 349.4, 4k causal 384.2 / 382.9 / 302.5 / 324.5, 1k 337.2 / 337.5 / 285.9 / 300.0; D=192
+    # 4k causal 449.2 / 448.6 / 389.1 / 421.3, 4k 470.2 / 458.0 / 429.2 / 461.1; D=128 4k
+    # causal 529.8 / 521.9 / 494.3 / 502.2; D=96 4k 537.9 / 532.4 / 504.9 / 526.1. Not in the
+    # default order, whose writer waits only for the add to read its buffer (tied or lost
+    # there). D = 64, windows, softcap, packed sequences and group_heads take it unmeasured
+    # (the same writer; their GPU tests passed with it). Before it the sixty-first session
+    # measured two other forms on an H100 that lost everywhere, and removed them: a turn per
+    # writer unit (a second landed wait a tile: D=256 4k 317.2 -> 265.1 TFLOP/s) and two dQ
+    # accumulators with a turn chain each (288.1 -> 239.8 at D=256 4k causal;
+    # tune_bwd_det_chains_s61_h100.json)
+    if deterministic:
+        cfg = dataclasses.replace(cfg, dq_writers=2)
     return cfg
 
 
