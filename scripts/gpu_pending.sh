@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `w2_ab w2_tests` (any
-# card: BwdTileConfig.dq_writers, built in the sixty-first session, never run), then on an
-# H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`. The sixty-first session ran
-# `det_big_tests` and the backward sweep's cases 457-480 on an H100 (both passed) and removed
-# det_part_turns and det_chains (a deterministic variant of its own), which lost everywhere
-# in its A/B (docs/perf/tune_bwd_det_chains_s61_h100.json). The fifty-eighth session put L2 sections
-# in the unmasked deterministic order (bwd_tile_config) and removed
+# installed there), by steps; the default is what is still pending: `det_w2_tests det_ratio`
+# (any card: the deterministic tests and its ratio to the default order with the table's
+# two dQ writers, BwdTileConfig.dq_writers, taken in the sixty-first session on its `w2_ab`
+# and 30 `w2_tests`), then on an H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`.
+# The sixty-first session also ran `det_big_tests` and the backward sweep's cases 457-480 on
+# an H100 (both passed) and removed det_part_turns and det_chains (a deterministic variant
+# of its own), which lost everywhere in its A/B (docs/perf/tune_bwd_det_chains_s61_h100.json).
+# The fifty-eighth session put L2 sections in the unmasked deterministic order
+# (bwd_tile_config) and removed
 # BwdTileConfig.det_free_early (it lost everywhere), and checked the persistent preprocess
 # on 896 threads (`preov_896 preov_tests preov_fp16`) and the new deterministic tests
 # (`det_sec_tests`), on an H100 only; the fifty-ninth put BwdTileConfig.dq_skip_zero_rows in
@@ -42,6 +44,8 @@
 #   det_big_tests  the deterministic tests at D = 192 / 256 (26)
 #   w2_ab       scripts/tune_bwd_sm90.py: one / two dQ writer warps (BwdTileConfig.dq_writers),
 #               deterministic and default order, D = 96 to 256; w2_tests: their tests (30)
+#   det_w2_tests  every deterministic backward GPU test (57) on the table's two writers
+#   det_ratio   the same script: the default order / deterministic on the bench's shapes
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -98,7 +102,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(w2_ab w2_tests preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(det_w2_tests det_ratio preov_ab sdk_ab sdk_rows bwd_bench
+                                  bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -245,6 +250,18 @@ for step in "${steps[@]}"; do
       # head dim, unmasked and causal), group_heads and packed (30)
       gpu_tests 400 gpu_tests_dq_writers.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "two_dq_writers" ;;
+    det_w2_tests)
+      # every deterministic test (windows, softcap, L2 sections, 20-run bitwise, packed,
+      # group_heads) on the table's two dQ writers (57)
+      gpu_tests 500 gpu_tests_det_w2.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
+          -k deterministic ;;
+    det_ratio)
+      # the deterministic order against the default one on the bench's backward shapes
+      timeout 500 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d64-4k,d64-4k-causal,d64-16k,d96-4k-causal,d96-16k,d128-1k,d128-4k,d128-16k,\
+d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,d192-4k-causal,d192v128-4k-causal \
+          --variant base= --variant det=deterministic=1 \
+          --out "$OUT/tune_bwd_det_ratio_$gpu.json" > "$OUT/tune_bwd_det_ratio.log" 2>&1 ;;
     compact_tests)
       # D = 96's compact flat accumulator (DqFlatTile.dims: 96 floats a row, not 128): its
       # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104)
@@ -433,6 +450,8 @@ for step in "${steps[@]}"; do
     compact_ab) tail -12 "$OUT/tune_bwd_compact.log" ;;
     w2_ab) tail -32 "$OUT/tune_bwd_dq_writers.log" ;;
     w2_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
+    det_w2_tests) tail -4 "$OUT/gpu_tests_det_w2.log" ;;
+    det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
     preov_rest) tail -8 "$OUT/gpu_tests_pre_overlap_rest.log" ;;
