@@ -518,7 +518,10 @@ for name in ("False", "True", "d64", "d96"):
                      "tile": [cfg.tile_m, cfg.dq_swap_ab], "spills": spills,
                      "reduces": sass.count("UTMAREDG"), "sts32": len(re.findall(r"STS \[", sass)),
                      "sts128": sass.count("STS.128 "), "flat": cfg.dq_flat,
-                     "wg_handoff": "BAR.SYNC.DEFER_BLOCKING 0x5, 0xa0" in sass,
+                     # a 160-thread handoff (one warpgroup and a writer): id 5, or a register
+                     # under two writers (BwdTileConfig.dq_writers: ids 5 / 11 by tile parity)
+                     "wg_handoff": bool(re.search(r"BAR\.SYNC\.DEFER_BLOCKING (0x5|R\d+), 0xa0",
+                                                  sass)),
                      "joint_handoff": bool(re.search(r"BAR\.[A-Z_.]+ [^,;]+, 0x120 ;", sass))}
 print(json.dumps(out))
 """
