@@ -131,7 +131,9 @@ class BwdRoles:
     num_mma_warpgroups: int = 2
     load_warp: int = 0  # TMA loads of K, V, Q, dO
     dq_warp: int = 1  # TMA reduce-add of each dQ partial
-    dq_warp_odd: int = 2  # with BwdTileConfig.dq_writers = 2: the odd query tiles' adds
+    # with BwdTileConfig.dq_writers = 2: the odd query tiles' adds (the warp after dq_warp:
+    # a writer's index is its warp's offset from dq_warp)
+    dq_warp_odd: int = 2
     store_warp: int = 4  # first consumer warp: issues the dK/dV TMA stores
     producer_regs: int = 24
     mma_regs: int = 240
@@ -148,6 +150,10 @@ class BwdRoles:
     # single_ds: the other warpgroup finished reading the one dS buffer, warpgroup w may
     # overwrite its part: id 7 + w (w waits, the other warpgroup arrives)
     bar_ds_free: int = 7
+
+    def __post_init__(self):
+        if self.dq_warp_odd != self.dq_warp + 1:
+            raise ValueError("dq_warp_odd must follow dq_warp (a writer's index is the offset)")
 
     @property
     def num_threads(self) -> int:
@@ -703,8 +709,9 @@ class FlashBwdSm90:
                         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                         seq, row_off, n_block, head, m_min, m_max, mSem,
                     )  # fmt: skip
-                writers = self.config.dq_writers
-                if warp_idx >= roles.dq_warp and warp_idx < roles.dq_warp + writers:
+                # the dQ writers: warp 1, and (dq_writers = 2) warp 2 for the odd tiles
+                last_writer = roles.dq_warp_odd if self.config.dq_writers > 1 else roles.dq_warp
+                if warp_idx >= roles.dq_warp and warp_idx <= last_writer:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
                         m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp,
