@@ -156,6 +156,12 @@ class BwdRoles:
             raise ValueError("dq_warp_odd must follow dq_warp (a writer's index is the offset)")
 
     @property
+    def bar_dq_full_odd_offset(self) -> int:
+        """dq_writers = 2: the odd tiles' full barrier is the even one's id plus this (both the
+        writer and the consumers add it, by writer index / Q stage)."""
+        return self.bar_dq_full_odd - self.bar_dq_full
+
+    @property
     def num_threads(self) -> int:
         return 128 * (self.num_mma_warpgroups + 1)
 
@@ -855,7 +861,7 @@ class FlashBwdSm90:
         # each handed over on barriers of its own, so one's wait for its adds to land (the
         # deterministic turn) overlaps the other's next add
         writers = self.config.dq_writers
-        full0 = roles.bar_dq_full + (roles.bar_dq_full_odd - roles.bar_dq_full) * writer
+        full0 = roles.bar_dq_full + roles.bar_dq_full_odd_offset * writer
         # (query tile, part) tiles: one part, or one per warpgroup (its head-dim half under
         # dq_half_staging, its query-column half of the flat tile under dq_wg_handoff)
         parts, threads = self.config.dq_units, roles.dq_sync_threads
@@ -1236,7 +1242,7 @@ class FlashBwdSm90:
                         full = bar_dq_full
                         if cutlass.const_expr(self.config.dq_writers > 1):
                             # the odd tiles' writer (dq_writer): the Q stage alternates a tile
-                            full = bar_dq_full + (roles.bar_dq_full_odd - roles.bar_dq_full) * stage
+                            full = bar_dq_full + roles.bar_dq_full_odd_offset * stage
                         cute.arch.barrier_arrive(barrier_id=full, number_of_threads=dq_threads)
                         if cutlass.const_expr(s_ahead):
                             if tiles_left > 0:
