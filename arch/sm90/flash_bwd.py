@@ -4,12 +4,12 @@ One CTA owns one (tile_n keys, query head, batch) tile of K and V (group_heads: 
 below) and walks the query tiles (tile_m rows) that can see any of those keys:
   * warpgroup 0 (registers lowered by setmaxnreg): warp 0 loads K and V once and then Q with
     lse and dO with D per query tile by TMA into two-stage mbarrier pipelines; warp 1 is the
-    dQ writer: it adds each query tile's dQ partial (fp32, staged in smem) into the global
-    fp32 accumulator with a TMA bulk reduce-add. Staging (BwdTileConfig.dq_half_staging,
-    dq_stages): the whole tile handed over by both warpgroups together, or each warpgroup's
-    head-dim half in a buffer of its own on its own named barriers (D <= 128, dQ split by head
-    dim),
-    or the two halves in turn in one buffer (past D = 128, for smem);
+    dQ writer (arch/sm90/bwd_dq_writer.py): it adds each query tile's dQ partial (fp32,
+    staged in smem) into the global fp32 accumulator with a TMA bulk reduce-add. Staging
+    (BwdTileConfig.dq_half_staging, dq_stages): the whole tile handed over by both warpgroups
+    together, or each warpgroup's head-dim half in a buffer of its own on its own named
+    barriers (D <= 128, dQ split by head dim), or the two halves in turn in one buffer (past
+    D = 128, for smem);
   * warpgroups 1..2 (registers raised) each own 64 of the keys. Per query tile, with the
     transposed products so the key rows stay in registers:
         S^T = K Q^T, dP^T = V dO^T                     (wgmma SS)
@@ -98,7 +98,6 @@ Compile without a GPU: CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch s
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -114,6 +113,7 @@ from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, tr
 from ..common.mask import TileMask, apply_softcap
 from ..common.schedule import L2Sections, l2_section_coords
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
+from .bwd_dq_writer import BwdDqWriter
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
 
@@ -178,7 +178,7 @@ class BwdRoles:
         return 128 + 32  # one consumer warpgroup and the dQ writer warp
 
 
-class FlashBwdSm90:
+class FlashBwdSm90(BwdDqWriter):
     def __init__(
         self,
         dtype: type[cutlass.Numeric],
@@ -292,44 +292,6 @@ class FlashBwdSm90:
         if self.head_dim % 16 or self.head_dim_v % 16:
             # S^T and dP^T take k-steps of 16 over the tensors' own head dims
             raise ValueError(f"head dims ({self.head_dim}, {self.head_dim_v}): multiples of 16")
-
-    def _setup_flat_boxes(self):
-        """The dQ writer's units and TMA boxes over the flat tile (dq_flat). A unit is what
-        one handoff passes: the tile, a warpgroup's part (dq_half_staging) or its query-column
-        half (dq_wg_handoff). A box is the unit, or, under BwdTileConfig.dq_skip_zero_rows
-        (dQ^T's head-dim rows past the tensor's, dq_head_dim: D = 96 over 128 rows), the runs
-        of warps whose rows are real (DqFlatTile.live_warps): the zero rows are not added, a
-        quarter of D = 96's bytes, nor stored (a compact tile: the accumulator's tiles hold
-        only their live boxes, dq_unit_base / dq_tile_boxes)."""
-        self.dq_box_elems, self.dq_unit_live, self.dq_unit_base = 0, (), ()
-        self.dq_unit_boxes = self.dq_tile_boxes = 0
-        flat = self.flat
-        if flat is None:
-            return
-        # the writer's units (dq_writer's `parts`), each one box
-        units = self.config.dq_units
-        self.dq_box_elems = flat.tile_elems // units
-        self.dq_unit_live = (1,) * units
-        if flat.dims:
-            # one group (DqFlatTile checks it): the units are the parts, and the zero rows
-            # whole warp runs at the last part's end
-            live = [flat.live_warps(p, flat.dims) for p in range(flat.parts)]
-            box_warps = math.gcd(4, *live)
-            self.dq_box_elems = box_warps * flat.warp_elems
-            self.dq_unit_live = tuple(n // box_warps for n in live)
-        # each unit's boxes in the staging buffer, its first box within a tile of the
-        # accumulator, and a tile's boxes there: a compact tile keeps only the live boxes,
-        # which are its prefix (DqFlatTile.dims: the zero runs are the last part's last ones)
-        self.dq_unit_boxes = flat.tile_elems // units // self.dq_box_elems
-        self.dq_unit_base = tuple(
-            sum(self.dq_unit_live[:u]) if flat.dims else u * self.dq_unit_boxes
-            for u in range(units)
-        )
-        self.dq_tile_boxes = flat.acc_elems // self.dq_box_elems
-        if flat.acc_elems % self.dq_box_elems:
-            raise ValueError(f"a tile of {flat.acc_elems} floats: not whole boxes")
-        if self.dq_box_elems % 32 or self.dq_box_elems // 32 > 256:
-            raise ValueError(f"flat dQ box of {self.dq_box_elems} floats: not a TMA box")
 
     # ------------------------------------------------------------------ host-side launch
     @cute.jit
@@ -835,112 +797,6 @@ class FlashBwdSm90:
             pipe_q.producer_tail(state)
             pipe_do.producer_tail(state_do)
             pipe_kv.producer_tail(kv_state)
-
-    # ------------------------------------------------------------------ dQ writer role
-    @cute.jit
-    def dq_writer(
-        self,
-        tma_atom_dQ: cute.CopyAtom,
-        mdQacc: cute.Tensor,
-        sdQ: cute.Tensor,
-        mSem: cute.Tensor,
-        mask: TileMask,
-        seq: SeqInfo,
-        row_off: Int32,
-        n_block: Int32,
-        head: Int32,
-        m_min: Int32,
-        m_max: Int32,
-        ready_rows: Int32,
-        writer: Int32,
-    ):
-        roles = self.roles
-        lane = cute.arch.lane_idx()
-        # BwdTileConfig.dq_writers = 2: writer w takes the walk's tiles of parity w (counted
-        # over every query head of a group_heads CTA, as the consumers' Q stage alternates),
-        # each handed over on barriers of its own, so one's wait for its adds to land (the
-        # deterministic turn) overlaps the other's next add
-        writers = self.config.dq_writers
-        full0 = roles.bar_dq_full + roles.bar_dq_full_odd_offset * writer
-        # (query tile, part) tiles: one part, or one per warpgroup (its head-dim half under
-        # dq_half_staging, its query-column half of the flat tile under dq_wg_handoff)
-        parts, threads = self.config.dq_units, roles.dq_sync_threads
-        if cutlass.const_expr(parts > 1):
-            threads = roles.dq_half_sync_threads
-        # a buffer per warpgroup: its own, or (dq_wg_handoff) its half of the one buffer
-        own_bufs = self.dq_wg_bufs or self.dq_wg_handoff
-        step = roles.bar_dq_wg_step
-        # every buffer starts empty (one shared half buffer: for the first warpgroup)
-        if writer == 0:
-            for buf in cutlass.range_constexpr(parts if own_bufs else self.config.dq_stages):
-                cute.arch.barrier_arrive(
-                    barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
-                )
-        walked = Int32(0)  # query tiles walked, over every query head
-        for g in cutlass.range(self.heads_per_cta, unroll=1):
-            head_q = head * self.heads_per_cta + g
-            # one counter per query tile (packed: the padded rows' tiles)
-            sem_bh = self._padded_rows(mSem[None, head_q, seq.q_batch], row_off // self.tile_m)
-            if cutlass.const_expr(self.flat is not None):
-                # a tile's boxes in a row from its first row on (varlen: row_off, a multiple
-                # of tile_m)
-                gdQ = cute.local_tile(
-                    mdQacc[None, None, head_q, seq.q_batch],
-                    (32, self.dq_box_elems // 32),
-                    (0, None),
-                )
-                tile0 = row_off // self.tile_m
-            else:
-                gdQ = cute.local_tile(
-                    self._padded_rows(mdQacc[None, None, head_q, seq.q_batch], row_off),
-                    (self.tile_m, self.tile_dq // parts),
-                    (None, None),
-                )
-            tdQsdQ, tdQgdQ = tma_tiles(tma_atom_dQ, sdQ, gdQ)
-            # the preprocess cleared this head's accumulator
-            self._wait_ready(mSem, head_q, seq.q_batch, ready_rows)
-            for m_block in cutlass.range(m_min, m_max, unroll=1):
-                mine = True
-                if cutlass.const_expr(writers > 1):
-                    mine = (walked & 1) == writer
-                    walked += 1
-                if mine:
-                    for part in cutlass.range_constexpr(parts):
-                        # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
-                        # buffer or the shared one
-                        buf = part if cutlass.const_expr(own_bufs) else 0
-                        cute.arch.barrier(barrier_id=full0 + step * part, number_of_threads=threads)
-                        if cutlass.const_expr(self.flat is not None):
-                            # the unit's boxes that hold real head dims, from the unit's first box
-                            # in the accumulator's tile (_setup_flat_boxes)
-                            first = (tile0 + m_block) * self.dq_tile_boxes + self.dq_unit_base[part]
-                            copies = []
-                            for i in cutlass.range_constexpr(self.dq_unit_live[part]):
-                                src = tdQsdQ[None, buf * self.dq_unit_boxes + i]
-                                copies.append((src, tdQgdQ[None, first + i]))
-                        else:
-                            copies = [(tdQsdQ[None, buf], tdQgdQ[None, m_block, part])]
-                        self._dq_add(
-                            tma_atom_dQ, copies, sem_bh, mask, n_block, m_block, lane, part, parts,
-                            writers == 1,
-                        )  # fmt: skip
-                        # the warpgroup's own buffer is free again; a shared half buffer goes to the
-                        # next part's warpgroup (the first one's next tile)
-                        free = part if cutlass.const_expr(own_bufs) else (part + 1) % parts
-                        cute.arch.barrier_arrive(
-                            barrier_id=roles.bar_dq_empty + step * free, number_of_threads=threads
-                        )
-                        if cutlass.const_expr(self.deterministic and writers > 1):
-                            if cutlass.const_expr(part == parts - 1):
-                                # the turn goes on once this tile's adds landed, with its buffer
-                                # already back (the other writer's add runs meanwhile)
-                                self._add_when_landed(sem_bh.iterator + m_block, lane)
-            if cutlass.const_expr(self.post_overlap):
-                # count this CTA done for the postprocess once its adds into head_q landed
-                done = mSem.iterator + cute.crd2idx(
-                    (mSem.shape[0] - 2, head_q, seq.q_batch), mSem.layout
-                )
-                self._add_when_landed(done, lane)
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
@@ -1449,62 +1305,3 @@ class FlashBwdSm90:
         r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
         r_p.store(acc_s.load().to(self.dtype))
         return r_p
-
-    @cute.jit
-    def _dq_add(
-        self,
-        tma_atom_dQ: cute.CopyAtom,
-        copies: list,
-        sem_bh: cute.Tensor,
-        mask: TileMask,
-        n_block: Int32,
-        m_block: Int32,
-        lane: Int32,
-        part: cutlass.Constexpr[int],
-        parts: cutlass.Constexpr[int],
-        hand_on: cutlass.Constexpr[bool] = True,
-    ):
-        """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
-        its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
-        be overwritten. Deterministic: the first part waits for this key tile's turn, the last
-        hands the turn on once every part has landed (unless not `hand_on`: the caller does,
-        after giving the buffer back)."""
-        turn = sem_bh.iterator + m_block
-        if cutlass.const_expr(self.deterministic and part == 0):
-            # My turn comes when the key tiles before mine in a fixed order have added
-            # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
-            # (band mask). Without a right bound they go left to right; with one (causal)
-            # right to left, because the tile nearest the diagonal reaches this query tile
-            # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
-            # the unordered speed at D=128 causal). The tiles waited on are launched
-            # earlier (the grid is reversed in the right-to-left case; L2 sections launch a
-            # pair's key tiles in rank order too), so they are running or done: no deadlock.
-            if cutlass.const_expr(self.has_right):
-                my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
-            else:
-                n_first, _ = mask.n_block_range(m_block)
-                my_turn = n_block - n_first
-            if lane == 0:
-                seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-                while seen != my_turn:
-                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-            cute.arch.sync_warp()
-            cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
-        for i in cutlass.range_constexpr(len(copies)):
-            cute.copy(tma_atom_dQ, copies[i][0], copies[i][1])
-        cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.deterministic and part == parts - 1 and hand_on):
-            # every part must have landed before the next key tile's turn
-            self._add_when_landed(turn, lane)
-        else:
-            # the reduce must have read sdQ before the consumers overwrite it
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _add_when_landed(self, counter: cute.Pointer, lane: Int32):
-        """Add 1 to `counter` (release) once every reduce-add this warp issued has landed in
-        global memory: a query tile's deterministic turn, or the postprocess's done count."""
-        cute.arch.cp_async_bulk_wait_group(0, read=False)
-        cute.arch.fence_proxy("async.global")
-        if lane == 0:
-            cute.arch.atomic_add(counter, Int32(1), sem="release", scope="gpu")
