@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `det_w2_tests det_ratio`
-# (any card: the deterministic tests and its ratio to the default order with the table's
-# two dQ writers, BwdTileConfig.dq_writers, taken in the sixty-first session on its `w2_ab`
-# and 30 `w2_tests`), then on an H200 `preov_ab sdk_ab sdk_rows bwd_bench bwd_touched`.
+# installed there), by steps; the default is what is still pending: `w3_ab w_tests` (a third
+# dQ writer warp and the consumers counting the writers' turns, sixty-second session), then
+# `det_w2_tests det_ratio` (any card: the deterministic tests and its ratio to the default
+# order with the table's two dQ writers, BwdTileConfig.dq_writers, taken in the sixty-first
+# session on its `w2_ab` and 30 `w2_tests`), then on an H200 `preov_ab sdk_ab sdk_rows
+# bwd_bench bwd_touched`.
 # The sixty-first session also ran `det_big_tests` and the backward sweep's cases 457-480 on
 # an H100 (both passed) and removed det_part_turns and det_chains (a deterministic variant
 # of its own), which lost everywhere in its A/B (docs/perf/tune_bwd_det_chains_s61_h100.json).
@@ -44,6 +46,8 @@
 #   det_big_tests  the deterministic tests at D = 192 / 256 (26)
 #   w2_ab       scripts/tune_bwd_sm90.py: one / two dQ writer warps (BwdTileConfig.dq_writers),
 #               deterministic and default order, D = 96 to 256; w2_tests: their tests (30)
+#   w3_ab       the same script: two / three dQ writer warps in the deterministic order, D = 64
+#               to 256; w_tests: the tests with 2 and 3 writers forced (60)
 #   det_w2_tests  every deterministic backward GPU test (57) on the table's two writers
 #   det_ratio   the same script: the default order / deterministic on the bench's shapes
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
@@ -102,8 +106,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(det_w2_tests det_ratio preov_ab sdk_ab sdk_rows bwd_bench
-                                  bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(w3_ab w_tests det_w2_tests det_ratio preov_ab sdk_ab sdk_rows
+                                  bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -250,6 +254,19 @@ for step in "${steps[@]}"; do
       # head dim, unmasked and causal), group_heads and packed (30)
       gpu_tests 400 gpu_tests_dq_writers.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "two_dq_writers" ;;
+    w3_ab)
+      # the deterministic order with two (the table's) / three dQ writer warps, the default
+      # order beside
+      timeout 450 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k,d256-4k-causal,d256-1k,d192-4k-causal,d128-4k-causal,d96-4k,d64-4k \
+          --variant base= --variant det=deterministic=1 \
+          --variant det_w3=deterministic=1,dq_writers=3 \
+          --out "$OUT/tune_bwd_dq_writers3_$gpu.json" > "$OUT/tune_bwd_dq_writers3.log" 2>&1 ;;
+    w_tests)
+      # BwdTileConfig.dq_writers = 2 and 3 forced (the consumers count the writers' turns
+      # since the sixty-second session): dense, group_heads and packed (60)
+      gpu_tests 560 gpu_tests_dq_writers.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
+          -k "dq_writers" ;;
     det_w2_tests)
       # every deterministic test (windows, softcap, L2 sections, 20-run bitwise, packed,
       # group_heads) on the table's two dQ writers (57)
@@ -451,6 +468,8 @@ for step in "${steps[@]}"; do
     w2_ab) tail -32 "$OUT/tune_bwd_dq_writers.log" ;;
     w2_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
     det_w2_tests) tail -4 "$OUT/gpu_tests_det_w2.log" ;;
+    w3_ab) tail -26 "$OUT/tune_bwd_dq_writers3.log" ;;
+    w_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;

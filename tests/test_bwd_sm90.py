@@ -242,32 +242,34 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
     }, built_bwd_keys
 
 
-# BwdTileConfig.dq_writers = 2: two writer warps take the query tiles in turn, each handed
-# its tiles on barriers of its own (the consumers pick them by their Q stage); against the
+# BwdTileConfig.dq_writers = 2 / 3: the writer warps take the query tiles in turn, each
+# handed its tiles on barriers of its own (the consumers count the turns too); against the
 # reference, and in the deterministic order bitwise over runs, on every head dim's tile,
-# unmasked and causal, odd lengths (an odd tile count) and a group_heads CTA (its tile count
-# runs on over the query heads)
+# unmasked and causal, odd lengths (a tile count no multiple of the writers) and a
+# group_heads CTA (its tile count runs on over the query heads)
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128),
                                   (256, 256)])  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("det", [False, True])
-def test_bwd_two_dq_writers(monkeypatch, built_bwd_keys, dims, causal, det):
+@pytest.mark.parametrize("writers", [2, 3])
+def test_bwd_dq_writers(monkeypatch, built_bwd_keys, dims, causal, det, writers):
     from cute_attn.arch.sm90.tile_config import BwdTileConfig
 
-    force_bwd_tile(monkeypatch, dq_writers=2)
+    force_bwd_tile(monkeypatch, dq_writers=writers)
     q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
     _check(q, k, v, dout, deterministic=det, causal=causal)
     if det:
         _assert_bitwise(q, k, v, dout, 5, deterministic=True, causal=causal)
     cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
-    assert cfgs and all(c.dq_writers == 2 for c in cfgs), cfgs
+    assert cfgs and all(c.dq_writers == writers for c in cfgs), cfgs
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [96, 128, 256])
-def test_bwd_two_dq_writers_group_heads(monkeypatch, grouped_heads, d):
-    force_bwd_tile(monkeypatch, dq_writers=2)
+@pytest.mark.parametrize("writers", [2, 3])
+def test_bwd_dq_writers_group_heads(monkeypatch, grouped_heads, d, writers):
+    force_bwd_tile(monkeypatch, dq_writers=writers)
     q, k, v, dout = _inputs(2, 301, 457, 6, 2, d, d, torch.bfloat16)
     _check(q, k, v, dout, deterministic=True, causal=True)
     _assert_bitwise(q, k, v, dout, 3, deterministic=True, causal=True)
@@ -519,7 +521,7 @@ for name in ("False", "True", "d64", "d96"):
                      "reduces": sass.count("UTMAREDG"), "sts32": len(re.findall(r"STS \[", sass)),
                      "sts128": sass.count("STS.128 "), "flat": cfg.dq_flat,
                      # a 160-thread handoff (one warpgroup and a writer): id 5, or a register
-                     # under two writers (BwdTileConfig.dq_writers: ids 5 / 11 by tile parity)
+                     # under several writers (BwdTileConfig.dq_writers: 5 / 11 / 15 by turn)
                      "wg_handoff": bool(re.search(r"BAR\.SYNC\.DEFER_BLOCKING (0x5|R\d+), 0xa0",
                                                   sass)),
                      "joint_handoff": bool(re.search(r"BAR\.[A-Z_.]+ [^,;]+, 0x120 ;", sass))}

@@ -128,10 +128,11 @@ def test_varlen_bwd_lse_gradient(d):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,causal", [(96, True), (128, False), (256, True)])
-def test_varlen_bwd_two_dq_writers(monkeypatch, built_bwd_keys, d, causal):
-    # BwdTileConfig.dq_writers = 2 over packed sequences, deterministic: right, and bitwise
-    # over runs
-    force_bwd_tile(monkeypatch, dq_writers=2)
+@pytest.mark.parametrize("writers", [2, 3])
+def test_varlen_bwd_dq_writers(monkeypatch, built_bwd_keys, d, causal, writers):
+    # BwdTileConfig.dq_writers = 2 / 3 over packed sequences, deterministic: right, and
+    # bitwise over runs
+    force_bwd_tile(monkeypatch, dq_writers=writers)
     lens_q, lens_k = LENGTHS["mixed"]
     _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=causal)
     q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)

@@ -926,7 +926,7 @@ def test_kernel_window_clamp_is_exact():
 def test_bwd_two_dq_writers_in_the_deterministic_order_only():
     # BwdTileConfig.dq_writers = 2 where measured (+1.6..8.3% deterministic, D = 96 to 256 on an
     # H200), every deterministic variant; the default order keeps one (tied or lost there).
-    # Two need the Q stage to alternate a tile (num_stages = 2)
+    # The producer warpgroup has three warps after the load's: at most 3 writers
     from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
 
     for (d, dv), flags in itertools.product(
@@ -934,6 +934,9 @@ def test_bwd_two_dq_writers_in_the_deterministic_order_only():
     ):
         det = flags[3]
         assert bwd_tile_config(d, dv, *flags).dq_writers == (2 if det else 1), (d, dv, flags)
-    for bad in (dict(dq_writers=3), dict(dq_writers=2, num_stages=1, dkv_swap_ab=True)):
+    for bad in (0, 4):
         with pytest.raises(ValueError, match="dq_writers"):
-            BwdTileConfig(**bad)
+            BwdTileConfig(dq_writers=bad)
+    # the consumers count the writers' turns themselves: any Q stage count
+    one_stage = dataclasses.replace(bwd_tile_config(256, 256, False, False), num_stages=1)
+    assert dataclasses.replace(one_stage, dq_writers=3).dq_writers == 3

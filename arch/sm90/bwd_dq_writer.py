@@ -1,7 +1,7 @@
 """The dQ writer role of the SM90 backward (arch/sm90/flash_bwd.py, FlashBwdSm90).
 
-The producer warpgroup's writer warp (BwdRoles.dq_warp; with BwdTileConfig.dq_writers = 2
-also the next warp, for the walk's odd query tiles) takes each query tile's dQ partial from
+The producer warpgroup's writer warp (BwdRoles.dq_warp; with BwdTileConfig.dq_writers = w
+the w warps from it, taking the walk's query tiles in turn) takes each query tile's dQ partial from
 the consumers' fp32 staging buffer in smem (named barriers: full from the consumers, empty
 back to them) and adds it into the global fp32 accumulator with a TMA bulk reduce-add: the
 whole tile, a warpgroup's head-dim half (dq_half_staging) or, over the flat tile in register
@@ -93,12 +93,12 @@ class BwdDqWriter:
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
-        # BwdTileConfig.dq_writers = 2: writer w takes the walk's tiles of parity w (counted
-        # over every query head of a group_heads CTA, as the consumers' Q stage alternates),
-        # each handed over on barriers of its own, so one's wait for its adds to land (the
-        # deterministic turn) overlaps the other's next add
+        # BwdTileConfig.dq_writers > 1: the writers take the walk's tiles in turn (counted
+        # over every query head of a group_heads CTA, as the consumers count them), each
+        # handed over on barriers of its own, so one's wait for its adds to land (the
+        # deterministic turn) overlaps the others' next adds
         writers = self.config.dq_writers
-        full0 = roles.bar_dq_full + roles.bar_dq_full_odd_offset * writer
+        full0 = self._dq_full_barrier(roles.bar_dq_full, writer)
         # (query tile, part) tiles: one part, or one per warpgroup (its head-dim half under
         # dq_half_staging, its query-column half of the flat tile under dq_wg_handoff)
         parts, threads = self.config.dq_units, roles.dq_sync_threads
@@ -113,7 +113,7 @@ class BwdDqWriter:
                 cute.arch.barrier_arrive(
                     barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
                 )
-        walked = Int32(0)  # query tiles walked, over every query head
+        turn_of = Int32(0)  # the writer of the walk's next query tile
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
@@ -139,8 +139,8 @@ class BwdDqWriter:
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 mine = True
                 if cutlass.const_expr(writers > 1):
-                    mine = (walked & 1) == writer
-                    walked += 1
+                    mine = turn_of == writer
+                    turn_of = self._next_writer(turn_of)
                 if mine:
                     for part in cutlass.range_constexpr(parts):
                         # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
@@ -178,6 +178,26 @@ class BwdDqWriter:
                     (mSem.shape[0] - 2, head_q, seq.q_batch), mSem.layout
                 )
                 self._add_when_landed(done, lane)
+
+    @cute.jit
+    def _next_writer(self, writer: Int32) -> Int32:
+        """The writer of the walk's next query tile after `writer`'s (round robin over
+        BwdTileConfig.dq_writers; the writers and the consumers count alike)."""
+        nxt = writer + 1
+        if nxt == self.config.dq_writers:
+            nxt = Int32(0)
+        return nxt
+
+    @cute.jit
+    def _dq_full_barrier(self, base, writer: Int32) -> Int32:
+        """The id of writer `writer`'s full barrier for the part whose writer-0 id is `base`
+        (BwdRoles.dq_full_offsets)."""
+        bar = Int32(base)
+        offsets = self.roles.dq_full_offsets
+        for w in cutlass.range_constexpr(1, self.config.dq_writers):
+            if writer == w:
+                bar = base + offsets[w]
+        return bar
 
     @cute.jit
     def _dq_add(

@@ -130,10 +130,10 @@ class BwdRoles:
 
     num_mma_warpgroups: int = 2
     load_warp: int = 0  # TMA loads of K, V, Q, dO
-    dq_warp: int = 1  # TMA reduce-add of each dQ partial
-    # with BwdTileConfig.dq_writers = 2: the odd query tiles' adds (the warp after dq_warp:
-    # a writer's index is its warp's offset from dq_warp)
-    dq_warp_odd: int = 2
+    # TMA reduce-add of each dQ partial; with BwdTileConfig.dq_writers = w > 1 the w warps
+    # from dq_warp on take the walk's query tiles in turn (a writer's index is its warp's
+    # offset from dq_warp)
+    dq_warp: int = 1
     store_warp: int = 4  # first consumer warp: issues the dK/dV TMA stores
     producer_regs: int = 24
     mma_regs: int = 240
@@ -145,21 +145,28 @@ class BwdRoles:
     # under dq_half_staging warpgroup w hands its half over on bar_dq_full + 2 w and waits for
     # its buffer on bar_dq_empty + 2 w (ids 3 / 4 and 5 / 6)
     bar_dq_wg_step: int = 2
-    # dq_writers = 2: the odd tiles' handoff to the second writer, ids 9 (and 11) for 3 (and 5)
-    bar_dq_full_odd: int = 9
+    # dq_writers > 1: writer w's handoff (w >= 1) on ids bar_dq_full_more[w - 1] (and + 2
+    # for the second warpgroup's part): 9 / 11 and 13 / 15 beside writer 0's 3 / 5
+    bar_dq_full_more: tuple[int, ...] = (9, 13)
     # single_ds: the other warpgroup finished reading the one dS buffer, warpgroup w may
     # overwrite its part: id 7 + w (w waits, the other warpgroup arrives)
     bar_ds_free: int = 7
 
     def __post_init__(self):
-        if self.dq_warp_odd != self.dq_warp + 1:
-            raise ValueError("dq_warp_odd must follow dq_warp (a writer's index is the offset)")
+        if not (self.load_warp < self.dq_warp and self.dq_warp + self.max_dq_writers <= 4):
+            raise ValueError("the dQ writers are the producer warpgroup's warps after the load's")
+        if max(self.bar_dq_full_more) + self.bar_dq_wg_step > 15:
+            raise ValueError("named barrier ids end at 15")
 
     @property
-    def bar_dq_full_odd_offset(self) -> int:
-        """dq_writers = 2: the odd tiles' full barrier is the even one's id plus this (both the
-        writer and the consumers add it, by writer index / Q stage)."""
-        return self.bar_dq_full_odd - self.bar_dq_full
+    def max_dq_writers(self) -> int:
+        return 1 + len(self.bar_dq_full_more)
+
+    @property
+    def dq_full_offsets(self) -> tuple[int, ...]:
+        """Writer w's full barrier ids are writer 0's plus dq_full_offsets[w] (the writer and
+        the consumers select it by writer index)."""
+        return (0, *(b - self.bar_dq_full for b in self.bar_dq_full_more))
 
     @property
     def num_threads(self) -> int:
@@ -219,6 +226,8 @@ class FlashBwdSm90(BwdDqWriter):
             raise TypeError(f"SM90 backward supports fp16/bf16, got {self.dtype}")
         if (self.head_dim, self.head_dim_v) not in BWD_HEAD_DIMS:
             raise ValueError(f"unsupported head dims ({self.head_dim}, {self.head_dim_v})")
+        if cfg.dq_writers > self.roles.max_dq_writers:
+            raise ValueError(f"dq_writers {cfg.dq_writers}: at most {self.roles.max_dq_writers}")
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
         self.l2_sections = cfg.l2_section_bytes > 0
@@ -677,8 +686,8 @@ class FlashBwdSm90(BwdDqWriter):
                         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                         seq, row_off, n_block, head, m_min, m_max, mSem,
                     )  # fmt: skip
-                # the dQ writers: warp 1, and (dq_writers = 2) warp 2 for the odd tiles
-                last_writer = roles.dq_warp_odd if self.config.dq_writers > 1 else roles.dq_warp
+                # the dQ writers: warp 1, and (dq_writers > 1) the warps after it
+                last_writer = roles.dq_warp + self.config.dq_writers - 1
                 if warp_idx >= roles.dq_warp and warp_idx <= last_writer:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
@@ -978,6 +987,7 @@ class FlashBwdSm90(BwdDqWriter):
                 segments = [(True, m_min, free_lo), (False, free_lo, free_hi)]
                 if cutlass.const_expr(mask.has_left):
                     segments.append((True, free_hi, m_max))
+            writer = Int32(0)  # the dQ writer of this query tile (dq_writers > 1)
             s_ahead = self.config.s_under_dk
             if cutlass.const_expr(s_ahead):
                 # the S^T accumulator lives across iterations; the first tile's S^T is issued
@@ -1097,8 +1107,9 @@ class FlashBwdSm90(BwdDqWriter):
                         cute.arch.fence_view_async_shared()
                         full = bar_dq_full
                         if cutlass.const_expr(self.config.dq_writers > 1):
-                            # the odd tiles' writer (dq_writer): the Q stage alternates a tile
-                            full = bar_dq_full + roles.bar_dq_full_odd_offset * stage
+                            # this tile's writer (dq_writer: the walk's tiles in turn)
+                            full = self._dq_full_barrier(bar_dq_full, writer)
+                            writer = self._next_writer(writer)
                         cute.arch.barrier_arrive(barrier_id=full, number_of_threads=dq_threads)
                         if cutlass.const_expr(s_ahead):
                             if tiles_left > 0:

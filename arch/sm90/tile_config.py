@@ -851,12 +851,11 @@ class BwdTileConfig:
     # and dQ-writer warps wait per query head for the rows the preprocess counts ready
     # (arch/common/bwd_preprocess.py). Dense (like post_overlap)
     pre_overlap: bool = False
-    # dQ writer warps: 1, or 2 taking the walk's query tiles in turn (the producer
-    # warpgroup's third warp is otherwise idle), each with its own handoff barriers. In the
-    # deterministic order each waits for its tile's adds to land before handing the turn on;
-    # with two, that wait overlaps the other writer's next add, and the staging buffer goes
-    # back as soon as the add has read it. The consumers tell the writers apart by their Q
-    # stage, so 2 needs num_stages = 2
+    # dQ writer warps: 1, or 2 / 3 taking the walk's query tiles in turn (the producer
+    # warpgroup's third and fourth warps are otherwise idle), each with its own handoff
+    # barriers. In the deterministic order each waits for its tile's adds to land before
+    # handing the turn on; with more than one, that wait overlaps the others' next adds, and
+    # the staging buffer goes back as soon as the add has read it
     dq_writers: int = 1
 
     def __post_init__(self):
@@ -871,8 +870,8 @@ class BwdTileConfig:
             raise ValueError("dq_wg_handoff hands over query-column halves: dq_flat without halves")
         if self.dq_skip_zero_rows and not (self.dq_flat and self.dq_head_dim):
             raise ValueError("dq_skip_zero_rows skips dq_head_dim's rows of a dq_flat tile")
-        if self.dq_writers not in (1, 2) or (self.dq_writers == 2 and self.num_stages != 2):
-            raise ValueError(f"dq_writers {self.dq_writers}: 1, or 2 with num_stages = 2")
+        if self.dq_writers not in (1, 2, 3):
+            raise ValueError(f"dq_writers {self.dq_writers}: 1, 2 or 3")
         if self.dq_stages not in (1, 2):
             raise ValueError(f"dq_stages {self.dq_stages} must be 1 or 2")
         if self.dq_stages == 2 and not self.dq_half_staging:
