@@ -46,7 +46,7 @@
 #   det_big_tests  the deterministic tests at D = 192 / 256 (26)
 #   w2_ab       scripts/tune_bwd_sm90.py: one / two dQ writer warps (BwdTileConfig.dq_writers),
 #               deterministic and default order, D = 96 to 256; w2_tests: their tests (30)
-#   w3_ab       the same script: two / three dQ writer warps in the deterministic order, D = 64
+#   w3_ab       the same script: two / three dQ writer warps in the deterministic order, D = 96
 #               to 256; w_tests: the tests with 2 and 3 writers forced (60)
 #   det_w2_tests  every deterministic backward GPU test (57) on the table's two writers
 #   det_ratio   the same script: the default order / deterministic on the bench's shapes
@@ -257,8 +257,8 @@ for step in "${steps[@]}"; do
     w3_ab)
       # the deterministic order with two (the table's) / three dQ writer warps, the default
       # order beside
-      timeout 450 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d256-4k,d256-4k-causal,d256-1k,d192-4k-causal,d128-4k-causal,d96-4k,d64-4k \
+      timeout 400 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k-causal,d256-4k,d256-1k,d192-4k-causal,d128-4k-causal,d96-4k \
           --variant base= --variant det=deterministic=1 \
           --variant det_w3=deterministic=1,dq_writers=3 \
           --out "$OUT/tune_bwd_dq_writers3_$gpu.json" > "$OUT/tune_bwd_dq_writers3.log" 2>&1 ;;
