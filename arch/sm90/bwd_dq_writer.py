@@ -182,21 +182,26 @@ class BwdDqWriter:
     @cute.jit
     def _next_writer(self, writer: Int32) -> Int32:
         """The writer of the walk's next query tile after `writer`'s (round robin over
-        BwdTileConfig.dq_writers; the writers and the consumers count alike)."""
-        nxt = writer + 1
-        if nxt == self.config.dq_writers:
-            nxt = Int32(0)
+        BwdTileConfig.dq_writers; the consumers count alike, or read their Q stage where the
+        stage count is the writer count)."""
+        nxt = writer ^ 1
+        if cutlass.const_expr(self.config.dq_writers > 2):
+            nxt = writer + 1
+            if nxt == self.config.dq_writers:
+                nxt = Int32(0)
         return nxt
 
     @cute.jit
     def _dq_full_barrier(self, base, writer: Int32) -> Int32:
         """The id of writer `writer`'s full barrier for the part whose writer-0 id is `base`
         (BwdRoles.dq_full_offsets)."""
-        bar = Int32(base)
         offsets = self.roles.dq_full_offsets
-        for w in cutlass.range_constexpr(1, self.config.dq_writers):
-            if writer == w:
-                bar = base + offsets[w]
+        bar = base + offsets[1] * writer  # two writers: a multiply, no select
+        if cutlass.const_expr(self.config.dq_writers > 2):
+            bar = Int32(base)
+            for w in cutlass.range_constexpr(1, self.config.dq_writers):
+                if writer == w:
+                    bar = base + offsets[w]
         return bar
 
     @cute.jit

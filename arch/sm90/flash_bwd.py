@@ -1106,8 +1106,11 @@ class FlashBwdSm90(BwdDqWriter):
                         tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
                         cute.arch.fence_view_async_shared()
                         full = bar_dq_full
-                        if cutlass.const_expr(self.config.dq_writers > 1):
-                            # this tile's writer (dq_writer: the walk's tiles in turn)
+                        if cutlass.const_expr(self.config.dq_writers == self.num_stages):
+                            # this tile's writer (dq_writer: the walk's tiles in turn) is its
+                            # Q stage, which cycles alike: no counter
+                            full = self._dq_full_barrier(bar_dq_full, stage)
+                        elif cutlass.const_expr(self.config.dq_writers > 1):
                             full = self._dq_full_barrier(bar_dq_full, writer)
                             writer = self._next_writer(writer)
                         cute.arch.barrier_arrive(barrier_id=full, number_of_threads=dq_threads)
