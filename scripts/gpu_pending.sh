@@ -47,7 +47,8 @@
 #   w2_ab       scripts/tune_bwd_sm90.py: one / two dQ writer warps (BwdTileConfig.dq_writers),
 #               deterministic and default order, D = 96 to 256; w2_tests: their tests (30)
 #   w3_ab       the same script: two / three dQ writer warps in the deterministic order, D = 96
-#               to 256; w_tests: the tests with 2 and 3 writers forced (60)
+#               to 256 (w3_quick: its first three shapes); w_tests: the tests with 2 and 3
+#               writers forced (60)
 #   det_w2_tests  every deterministic backward GPU test (57) on the table's two writers
 #   det_ratio   the same script: the default order / deterministic on the bench's shapes
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
@@ -262,11 +263,20 @@ for step in "${steps[@]}"; do
           --variant base= --variant det=deterministic=1 \
           --variant det_w3=deterministic=1,dq_writers=3 \
           --out "$OUT/tune_bwd_dq_writers3_$gpu.json" > "$OUT/tune_bwd_dq_writers3.log" 2>&1 ;;
+    w3_quick)
+      # w3_ab's first three shapes (D = 256 4k causal and 4k, D = 192 4k causal), for a call
+      # that runs w_tests too
+      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k-causal,d256-4k,d192-4k-causal \
+          --variant base= --variant det=deterministic=1 \
+          --variant det_w3=deterministic=1,dq_writers=3 \
+          --out "$OUT/tune_bwd_dq_writers3_$gpu.json" > "$OUT/tune_bwd_dq_writers3.log" 2>&1 ;;
     w_tests)
       # BwdTileConfig.dq_writers = 2 and 3 forced (the consumers count the writers' turns
-      # since the sixty-second session): dense, group_heads and packed (60)
-      gpu_tests 560 gpu_tests_dq_writers.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
-          -k "dq_writers" ;;
+      # since the sixty-second session): dense, group_heads and packed (60), -vv so a run cut
+      # by its limit (W_TESTS_LIMIT, default 560 s) still names the tests that passed
+      gpu_tests "${W_TESTS_LIMIT:-560}" gpu_tests_dq_writers.log tests/test_bwd_sm90.py \
+          tests/test_bwd_varlen_sm90.py -vv -k "dq_writers" ;;
     det_w2_tests)
       # every deterministic test (windows, softcap, L2 sections, 20-run bitwise, packed,
       # group_heads) on the table's two dQ writers (57)
@@ -468,7 +478,7 @@ for step in "${steps[@]}"; do
     w2_ab) tail -32 "$OUT/tune_bwd_dq_writers.log" ;;
     w2_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
     det_w2_tests) tail -4 "$OUT/gpu_tests_det_w2.log" ;;
-    w3_ab) tail -26 "$OUT/tune_bwd_dq_writers3.log" ;;
+    w3_ab|w3_quick) tail -26 "$OUT/tune_bwd_dq_writers3.log" ;;
     w_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
