@@ -666,6 +666,44 @@ def test_bwd_overlaps_reach_every_kernel(tmp_path):
     assert r["pre"]["count"] >= 1 and r["pre"]["spills"] == 0, r
 
 
+_THREE_WRITERS_SNIPPET = r"""
+import dataclasses, json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+# (d, causal, varlen): the shared half buffer past D = 128, the flat tile's per-warpgroup
+# buffers with post_overlap at D = 128, D = 64's whole-tile handoff, and packed D = 128
+for d, causal, varlen in ((256, True, False), (128, False, False), (64, True, False),
+                          (128, True, True)):
+    cfg = bwd_tile_config(d, d, causal, False, deterministic=True, varlen=varlen)
+    cfg = dataclasses.replace(cfg, dq_writers=3)
+    spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg, deterministic=True,
+                   varlen=varlen)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    out[f"{d}-{causal}-{varlen}"] = {
+        "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+        # the third writer's full barrier (id 13) as an operand of the id's select or a BAR
+        "id13": bool(re.search(r"(SEL|BAR\.[A-Z_.]+) [^;]*\b0xd\b", sass)),
+        "polls": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_three_dq_writers_compile_spill_free(tmp_path):
+    # BwdTileConfig.dq_writers = 3 (built, not in the table): the deterministic kernel builds
+    # for sm_90a on every staging form without spills, polls its turns, and hands tiles to the
+    # third writer on barrier 13
+    r = run_json_snippet(_THREE_WRITERS_SNIPPET, tmp_path, timeout=900)
+    if not next(iter(r.values()))["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for v in r.values():
+        assert v["spills"] == 0 and v["id13"] and v["polls"] >= 1, r
+
+
 @pytest.mark.parametrize("d,flat", [(64, 0), (64, 64), (96, 0), (96, 128), (128, 0), (128, 128)])
 def test_persistent_preprocess_counts_every_row_once(d, flat):
     # the main kernel waits for a head's ready count to reach its padded rows: the persistent
