@@ -113,7 +113,7 @@ class BwdDqWriter:
                 cute.arch.barrier_arrive(
                     barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
                 )
-        turn_of = Int32(0)  # the writer of the walk's next query tile
+        walked = Int32(0)  # query tiles walked, over every query head
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
             # one counter per query tile (packed: the padded rows' tiles)
@@ -139,8 +139,8 @@ class BwdDqWriter:
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 mine = True
                 if cutlass.const_expr(writers > 1):
-                    mine = turn_of == writer
-                    turn_of = self._next_writer(turn_of)
+                    mine = self._writer_of(walked) == writer
+                    walked += 1
                 if mine:
                     for part in cutlass.range_constexpr(parts):
                         # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
@@ -180,16 +180,13 @@ class BwdDqWriter:
                 self._add_when_landed(done, lane)
 
     @cute.jit
-    def _next_writer(self, writer: Int32) -> Int32:
-        """The writer of the walk's next query tile after `writer`'s (round robin over
-        BwdTileConfig.dq_writers; the consumers count alike, or read their Q stage where the
-        stage count is the writer count)."""
-        nxt = writer ^ 1
+    def _writer_of(self, walked: Int32) -> Int32:
+        """The writer of the walk's query tile number `walked` (counted from 0 over every query
+        head of the CTA): round robin over BwdTileConfig.dq_writers."""
+        w = walked & 1
         if cutlass.const_expr(self.config.dq_writers > 2):
-            nxt = writer + 1
-            if nxt == self.config.dq_writers:
-                nxt = Int32(0)
-        return nxt
+            w = walked % self.config.dq_writers
+        return w
 
     @cute.jit
     def _dq_full_barrier(self, base, writer: Int32) -> Int32:

@@ -987,7 +987,7 @@ class FlashBwdSm90(BwdDqWriter):
                 segments = [(True, m_min, free_lo), (False, free_lo, free_hi)]
                 if cutlass.const_expr(mask.has_left):
                     segments.append((True, free_hi, m_max))
-            writer = Int32(0)  # the dQ writer of this query tile (dq_writers > 1)
+            walked = Int32(0)  # query tiles walked (dq_writers > 1: whose writer, dq_writer)
             s_ahead = self.config.s_under_dk
             if cutlass.const_expr(s_ahead):
                 # the S^T accumulator lives across iterations; the first tile's S^T is issued
@@ -1111,8 +1111,8 @@ class FlashBwdSm90(BwdDqWriter):
                             # Q stage, which cycles alike: no counter
                             full = self._dq_full_barrier(bar_dq_full, stage)
                         elif cutlass.const_expr(self.config.dq_writers > 1):
-                            full = self._dq_full_barrier(bar_dq_full, writer)
-                            writer = self._next_writer(writer)
+                            full = self._dq_full_barrier(bar_dq_full, self._writer_of(walked))
+                            walked += 1
                         cute.arch.barrier_arrive(barrier_id=full, number_of_threads=dq_threads)
                         if cutlass.const_expr(s_ahead):
                             if tiles_left > 0:
