@@ -38,8 +38,8 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     tile m only after the key tiles left of it that see m did (a per-(batch, head, m) int32
     semaphore counts them), and waits for its add to land before releasing the next one. The
     fp32 sums then happen in one fixed order: bitwise identical run to run. The table gives
-    that order two writer warps (BwdTileConfig.dq_writers: warps 1 and 2 take the walk's
-    tiles in turn, the consumers hand the odd ones over on barriers of their own), so one's
+    that order two writer warps (BwdTileConfig.dq_writers, up to three: warps 1, 2 (and 3)
+    take the walk's tiles in turn, each handed its tiles on barriers of its own), so one's
     wait for its adds to land overlaps the other's add.
   * padded head dim (BwdTileConfig.padded_head_dim): each head dim of the tiles rounds up to a
     multiple of 128 (D = 96 under softcap in the deterministic order -> 128); TMA zero-fills
@@ -1106,11 +1106,12 @@ class FlashBwdSm90(BwdDqWriter):
                         tdQsdQ[None, None, None, dq_buf].store(acc_dq.load())
                         cute.arch.fence_view_async_shared()
                         full = bar_dq_full
-                        if cutlass.const_expr(self.config.dq_writers == self.num_stages):
+                        writers = self.config.dq_writers
+                        if cutlass.const_expr(writers > 1 and writers == self.num_stages):
                             # this tile's writer (dq_writer: the walk's tiles in turn) is its
                             # Q stage, which cycles alike: no counter
                             full = self._dq_full_barrier(bar_dq_full, stage)
-                        elif cutlass.const_expr(self.config.dq_writers > 1):
+                        elif cutlass.const_expr(writers > 1):
                             full = self._dq_full_barrier(bar_dq_full, self._writer_of(walked))
                             walked += 1
                         cute.arch.barrier_arrive(barrier_id=full, number_of_threads=dq_threads)
