@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending: `w3_ab w_tests` (a third
-# dQ writer warp and the consumers counting the writers' turns, sixty-second session), then
+# dQ writer warp, built in the sixty-second session, which had no GPU), then
 # `det_w2_tests det_ratio` (any card: the deterministic tests and its ratio to the default
 # order with the table's two dQ writers, BwdTileConfig.dq_writers, taken in the sixty-first
 # session on its `w2_ab` and 30 `w2_tests`), then on an H200 `preov_ab sdk_ab sdk_rows
@@ -272,9 +272,9 @@ for step in "${steps[@]}"; do
           --variant det_w3=deterministic=1,dq_writers=3 \
           --out "$OUT/tune_bwd_dq_writers3_$gpu.json" > "$OUT/tune_bwd_dq_writers3.log" 2>&1 ;;
     w_tests)
-      # BwdTileConfig.dq_writers = 2 and 3 forced (the consumers count the writers' turns
-      # since the sixty-second session): dense, group_heads and packed (60), -vv so a run cut
-      # by its limit (W_TESTS_LIMIT, default 560 s) still names the tests that passed
+      # BwdTileConfig.dq_writers = 2 and 3 forced (three writers: the consumers count the
+      # walk): dense, group_heads and packed (60), -vv so a run cut by its limit
+      # (W_TESTS_LIMIT, default 560 s) still names the tests that passed
       gpu_tests "${W_TESTS_LIMIT:-560}" gpu_tests_dq_writers.log tests/test_bwd_sm90.py \
           tests/test_bwd_varlen_sm90.py -vv -k "dq_writers" ;;
     det_w2_tests)

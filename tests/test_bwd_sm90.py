@@ -243,7 +243,8 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
 
 
 # BwdTileConfig.dq_writers = 2 / 3: the writer warps take the query tiles in turn, each
-# handed its tiles on barriers of its own (the consumers count the turns too); against the
+# handed its tiles on barriers of its own (the consumers pick them by Q stage with two
+# writers on two stages, by counting the walk with three); against the
 # reference, and in the deterministic order bitwise over runs, on every head dim's tile,
 # unmasked and causal, odd lengths (a tile count no multiple of the writers) and a
 # group_heads CTA (its tile count runs on over the query heads)
