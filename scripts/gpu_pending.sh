@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `w3_ab w_tests` (a third
-# dQ writer warp, built in the sixty-second session, which had no GPU), then
+# installed there), by steps; the default is what is still pending: `pe_ab pe_tests`
+# (BwdTileConfig.det_poll_early, sixty-third session; its A/B covers three dQ writers too),
+# `w_tests` (a third dQ writer warp, built in the sixty-second session, which had no GPU), then
 # `det_w2_tests det_ratio` (any card: the deterministic tests and its ratio to the default
 # order with the table's two dQ writers, BwdTileConfig.dq_writers, taken in the sixty-first
 # session on its `w2_ab` and 30 `w2_tests`), then on an H200 `preov_ab sdk_ab sdk_rows
@@ -46,6 +47,10 @@
 #   det_big_tests  the deterministic tests at D = 192 / 256 (26)
 #   w2_ab       scripts/tune_bwd_sm90.py: one / two dQ writer warps (BwdTileConfig.dq_writers),
 #               deterministic and default order, D = 96 to 256; w2_tests: their tests (30)
+#   pe_ab       the same script: BwdTileConfig.det_poll_early (the writer polls its turn
+#               before the consumers stage the tile, not after) off / on, with two and three
+#               dQ writers, D = 128 to 256, deterministic, the default order beside;
+#               pe_tests: its tests (29)
 #   w3_ab       the same script: two / three dQ writer warps in the deterministic order, D = 96
 #               to 256 (w3_quick: its first three shapes); w_tests: the tests with 2 and 3
 #               writers forced (60)
@@ -107,8 +112,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(w3_ab w_tests det_w2_tests det_ratio preov_ab sdk_ab sdk_rows
-                                  bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(pe_ab pe_tests w_tests det_w2_tests det_ratio preov_ab sdk_ab
+                                  sdk_rows bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -271,6 +276,21 @@ for step in "${steps[@]}"; do
           --variant base= --variant det=deterministic=1 \
           --variant det_w3=deterministic=1,dq_writers=3 \
           --out "$OUT/tune_bwd_dq_writers3_$gpu.json" > "$OUT/tune_bwd_dq_writers3.log" 2>&1 ;;
+    pe_ab)
+      # BwdTileConfig.det_poll_early off / on, with the table's two dQ writers and with three,
+      # in the deterministic order; the default order beside (for the ratio)
+      timeout 480 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k-causal,d256-4k,d256-1k,d192-4k-causal,d128-4k-causal \
+          --variant base= --variant det=deterministic=1 \
+          --variant det_pe=deterministic=1,det_poll_early=True \
+          --variant det_w3=deterministic=1,dq_writers=3 \
+          --variant det_w3pe=deterministic=1,dq_writers=3,det_poll_early=True \
+          --out "$OUT/tune_bwd_poll_early_$gpu.json" > "$OUT/tune_bwd_poll_early.log" 2>&1 ;;
+    pe_tests)
+      # det_poll_early forced: every head dim's tile, unmasked and causal, two and three
+      # writers, group_heads and packed (29), right and bitwise over runs
+      gpu_tests 450 gpu_tests_poll_early.log tests/test_bwd_sm90.py \
+          tests/test_bwd_varlen_sm90.py -vv -k "det_poll_early" ;;
     w_tests)
       # BwdTileConfig.dq_writers = 2 and 3 forced (three writers: the consumers count the
       # walk): dense, group_heads and packed (60), -vv so a run cut by its limit
@@ -480,6 +500,8 @@ for step in "${steps[@]}"; do
     det_w2_tests) tail -4 "$OUT/gpu_tests_det_w2.log" ;;
     w3_ab|w3_quick) tail -26 "$OUT/tune_bwd_dq_writers3.log" ;;
     w_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
+    pe_ab) tail -28 "$OUT/tune_bwd_poll_early.log" ;;
+    pe_tests) tail -4 "$OUT/gpu_tests_poll_early.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;

@@ -266,6 +266,35 @@ def test_bwd_dq_writers(monkeypatch, built_bwd_keys, dims, causal, det, writers)
     assert cfgs and all(c.dq_writers == writers for c in cfgs), cfgs
 
 
+# BwdTileConfig.det_poll_early: each writer polls its tile's deterministic turn before the
+# consumers stage the partial (not after): right, and bitwise over runs, on every head dim's
+# tile, unmasked and causal, with the table's two writers and with three, and grouped
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128),
+                                  (256, 256)])  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("writers", [2, 3])
+def test_bwd_det_poll_early(monkeypatch, built_bwd_keys, dims, causal, writers):
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    force_bwd_tile(monkeypatch, det_poll_early=True, dq_writers=writers)
+    q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
+    _check(q, k, v, dout, deterministic=True, causal=causal)
+    _assert_bitwise(q, k, v, dout, 5, deterministic=True, causal=causal)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.det_poll_early and c.dq_writers == writers for c in cfgs), cfgs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 256])
+def test_bwd_det_poll_early_group_heads(monkeypatch, grouped_heads, d):
+    force_bwd_tile(monkeypatch, det_poll_early=True)
+    q, k, v, dout = _inputs(2, 301, 457, 6, 2, d, d, torch.bfloat16)
+    _check(q, k, v, dout, deterministic=True, causal=True)
+    _assert_bitwise(q, k, v, dout, 3, deterministic=True, causal=True)
+    assert grouped_heads and all(key.group_heads for key in grouped_heads), grouped_heads
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [96, 128, 256])
 @pytest.mark.parametrize("writers", [2, 3])
@@ -703,6 +732,39 @@ def test_bwd_three_dq_writers_compile_spill_free(tmp_path):
         pytest.skip("nvdisasm not installed: cannot read SASS")
     for v in r.values():
         assert v["spills"] == 0 and v["id13"] and v["polls"] >= 1, r
+
+
+_POLL_EARLY_SNIPPET = r"""
+import dataclasses, json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+# the shared half buffer (D = 256 causal), the flat tile's per-warpgroup buffers (D = 128
+# unmasked) and D = 64's whole-tile handoff with one writer
+for d, causal, writers in ((256, True, 2), (128, False, 2), (64, True, 1)):
+    cfg = bwd_tile_config(d, d, causal, False, deterministic=True)
+    cfg = dataclasses.replace(cfg, det_poll_early=True, dq_writers=writers)
+    spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg, deterministic=True)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    out[f"{d}-{causal}-{writers}"] = {
+        "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+        "polls": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_det_poll_early_compile_spill_free(tmp_path):
+    # BwdTileConfig.det_poll_early (built, not in the table): the deterministic kernel builds
+    # for sm_90a without spills on the staging forms it changes, and still polls its turns
+    r = run_json_snippet(_POLL_EARLY_SNIPPET, tmp_path, timeout=600)
+    if not next(iter(r.values()))["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for v in r.values():
+        assert v["spills"] == 0 and v["polls"] >= 1, r
 
 
 @pytest.mark.parametrize("d,flat", [(64, 0), (64, 64), (96, 0), (96, 128), (128, 0), (128, 128)])

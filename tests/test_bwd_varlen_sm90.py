@@ -145,6 +145,22 @@ def test_varlen_bwd_dq_writers(monkeypatch, built_bwd_keys, d, causal, writers):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,causal", [(128, True), (256, True), (256, False)])
+def test_varlen_bwd_det_poll_early(monkeypatch, built_bwd_keys, d, causal):
+    # BwdTileConfig.det_poll_early over packed sequences: right, and bitwise over runs
+    force_bwd_tile(monkeypatch, det_poll_early=True)
+    lens_q, lens_k = LENGTHS["mixed"]
+    _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=causal)
+    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
+    first = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
+    for _ in range(3):
+        again = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+    assert built_bwd_keys and all(key.varlen for key in built_bwd_keys), built_bwd_keys
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_bwd_deterministic_is_bitwise_and_sequences_do_not_leak(d, causal):

@@ -142,6 +142,11 @@ class BwdDqWriter:
                     mine = self._writer_of(walked) == writer
                     walked += 1
                 if mine:
+                    if cutlass.const_expr(self.deterministic and self.config.det_poll_early):
+                        # the turn is polled while the consumers still compute this tile: once
+                        # the partial is staged the add goes at once, with no L2 round trip
+                        # between the handoff and the add while the staging buffer is held
+                        self._wait_turn(sem_bh.iterator + m_block, mask, n_block, m_block, lane)
                     for part in cutlass.range_constexpr(parts):
                         # warpgroup `part` staged its part (all of dQ when parts == 1), in its own
                         # buffer or the shared one
@@ -217,30 +222,13 @@ class BwdDqWriter:
     ):
         """Reduce-add one staged dQ part (the whole tile, or one warpgroup's half; `copies`:
         its (smem, gmem) boxes) into the fp32 accumulator; returns once the staging buffer may
-        be overwritten. Deterministic: the first part waits for this key tile's turn, the last
+        be overwritten. Deterministic: the first part waits for this key tile's turn (unless
+        BwdTileConfig.det_poll_early: the caller did, before the partial was staged), the last
         hands the turn on once every part has landed (unless not `hand_on`: the caller does,
         after giving the buffer back)."""
         turn = sem_bh.iterator + m_block
-        if cutlass.const_expr(self.deterministic and part == 0):
-            # My turn comes when the key tiles before mine in a fixed order have added
-            # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
-            # (band mask). Without a right bound they go left to right; with one (causal)
-            # right to left, because the tile nearest the diagonal reaches this query tile
-            # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
-            # the unordered speed at D=128 causal). The tiles waited on are launched
-            # earlier (the grid is reversed in the right-to-left case; L2 sections launch a
-            # pair's key tiles in rank order too), so they are running or done: no deadlock.
-            if cutlass.const_expr(self.has_right):
-                my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
-            else:
-                n_first, _ = mask.n_block_range(m_block)
-                my_turn = n_block - n_first
-            if lane == 0:
-                seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-                while seen != my_turn:
-                    seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
-            cute.arch.sync_warp()
-            cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add below
+        if cutlass.const_expr(self.deterministic and part == 0 and not self.config.det_poll_early):
+            self._wait_turn(turn, mask, n_block, m_block, lane)
         for i in cutlass.range_constexpr(len(copies)):
             cute.copy(tma_atom_dQ, copies[i][0], copies[i][1])
         cute.arch.cp_async_bulk_commit_group()
@@ -250,6 +238,32 @@ class BwdDqWriter:
         else:
             # the reduce must have read sdQ before the consumers overwrite it
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _wait_turn(
+        self, turn: cute.Pointer, mask: TileMask, n_block: Int32, m_block: Int32, lane: Int32
+    ):
+        """Return once it is key tile n_block's turn to add into query tile m_block's dQ
+        (deterministic order; `turn`: the tile's counter)."""
+        # My turn comes when the key tiles before mine in a fixed order have added
+        # theirs. The tiles visiting this query tile are a contiguous [n_first, n_end)
+        # (band mask). Without a right bound they go left to right; with one (causal)
+        # right to left, because the tile nearest the diagonal reaches this query tile
+        # first: left to right made every tile wait for tile 0's walk (0.52-0.60x of
+        # the unordered speed at D=128 causal). The tiles waited on are launched
+        # earlier (the grid is reversed in the right-to-left case; L2 sections launch a
+        # pair's key tiles in rank order too), so they are running or done: no deadlock.
+        if cutlass.const_expr(self.has_right):
+            my_turn = mask.n_block_end_bwd(m_block) - 1 - n_block
+        else:
+            n_first, _ = mask.n_block_range(m_block)
+            my_turn = n_block - n_first
+        if lane == 0:
+            seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+            while seen != my_turn:
+                seen = cute.arch.load(turn, Int32, sem="acquire", scope="gpu")
+        cute.arch.sync_warp()
+        cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add after it
 
     @cute.jit
     def _add_when_landed(self, counter: cute.Pointer, lane: Int32):

@@ -857,6 +857,11 @@ class BwdTileConfig:
     # handing the turn on; with more than one, that wait overlaps the others' next adds, and
     # the staging buffer goes back as soon as the add has read it
     dq_writers: int = 1
+    # deterministic order: each writer polls its next tile's turn before it waits for the
+    # consumers to stage that tile's partial, not after, so a turn that came while they
+    # computed costs no acquire load's L2 round trip between the handoff and the add (the
+    # staging buffer is held meanwhile; at D = 256 it is the one buffer both warpgroups share)
+    det_poll_early: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
