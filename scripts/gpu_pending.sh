@@ -51,6 +51,9 @@
 #               before the consumers stage the tile, not after) off / on, with two and three
 #               dQ writers, D = 128 to 256, deterministic, the default order beside;
 #               pe_tests: its tests (29)
+#   dq2_ab      the same script at D = 256, deterministic: one Q stage with a dQ staging
+#               buffer per warpgroup (num_stages=1, dq_stages=2), with and without
+#               det_poll_early, against the table's two Q stages and one shared buffer
 #   w3_ab       the same script: two / three dQ writer warps in the deterministic order, D = 96
 #               to 256 (w3_quick: its first three shapes); w_tests: the tests with 2 and 3
 #               writers forced (60)
@@ -286,6 +289,17 @@ for step in "${steps[@]}"; do
           --variant det_w3=deterministic=1,dq_writers=3 \
           --variant det_w3pe=deterministic=1,dq_writers=3,det_poll_early=True \
           --out "$OUT/tune_bwd_poll_early_$gpu.json" > "$OUT/tune_bwd_poll_early.log" 2>&1 ;;
+    dq2_ab)
+      # D = 256 in the deterministic order with a staging buffer per warpgroup (dq_stages=2),
+      # which fits only with one Q stage (num_stages=1: 209.5 KiB; the table's two Q stages and
+      # one shared buffer: 217.75), with and without det_poll_early; the default order beside
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k-causal,d256-4k,d256-1k-causal \
+          --variant base= --variant det=deterministic=1 \
+          --variant det_pe=deterministic=1,det_poll_early=True \
+          --variant det_q1=deterministic=1,num_stages=1,dq_stages=2 \
+          --variant det_q1pe=deterministic=1,num_stages=1,dq_stages=2,det_poll_early=True \
+          --out "$OUT/tune_bwd_d256_dq2_$gpu.json" > "$OUT/tune_bwd_d256_dq2.log" 2>&1 ;;
     pe_tests)
       # det_poll_early forced: every head dim's tile, unmasked and causal, two and three
       # writers, group_heads and packed (29), right and bitwise over runs
@@ -502,6 +516,7 @@ for step in "${steps[@]}"; do
     w_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
     pe_ab) tail -28 "$OUT/tune_bwd_poll_early.log" ;;
     pe_tests) tail -4 "$OUT/gpu_tests_poll_early.log" ;;
+    dq2_ab) tail -18 "$OUT/tune_bwd_d256_dq2.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
