@@ -51,6 +51,8 @@
 #               before the consumers stage the tile, not after) off / on, with two and three
 #               dQ writers, D = 128 to 256, deterministic, the default order beside;
 #               pe_tests: its tests (29)
+#   pe_quick    pe_ab's and dq2_ab's main rows in one call (D = 256 4k causal and 4k, D = 192
+#               4k causal)
 #   dq2_ab      the same script at D = 256, deterministic: one Q stage with a dQ staging
 #               buffer per warpgroup (num_stages=1, dq_stages=2), with and without
 #               det_poll_early, against the table's two Q stages and one shared buffer
@@ -289,6 +291,18 @@ for step in "${steps[@]}"; do
           --variant det_w3=deterministic=1,dq_writers=3 \
           --variant det_w3pe=deterministic=1,dq_writers=3,det_poll_early=True \
           --out "$OUT/tune_bwd_poll_early_$gpu.json" > "$OUT/tune_bwd_poll_early.log" 2>&1 ;;
+    pe_quick)
+      # one call's worth of pe_ab and dq2_ab: D = 256 4k causal (the issue's 0.85 row) and
+      # 4k, D = 192 4k causal; det_poll_early with two and three writers, and with D = 256's
+      # buffer per warpgroup on one Q stage
+      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k-causal,d256-4k,d192-4k-causal \
+          --variant base= --variant det=deterministic=1 \
+          --variant det_pe=deterministic=1,det_poll_early=True \
+          --variant det_w3pe=deterministic=1,dq_writers=3,det_poll_early=True \
+          --variant det_q1pe=deterministic=1,num_stages=1,dq_stages=2,det_poll_early=True \
+          --out "$OUT/tune_bwd_poll_early_quick_$gpu.json" \
+          > "$OUT/tune_bwd_poll_early_quick.log" 2>&1 ;;
     dq2_ab)
       # D = 256 in the deterministic order with a staging buffer per warpgroup (dq_stages=2),
       # which fits only with one Q stage (num_stages=1: 209.5 KiB; the table's two Q stages and
@@ -517,6 +531,7 @@ for step in "${steps[@]}"; do
     pe_ab) tail -28 "$OUT/tune_bwd_poll_early.log" ;;
     pe_tests) tail -4 "$OUT/gpu_tests_poll_early.log" ;;
     dq2_ab) tail -18 "$OUT/tune_bwd_d256_dq2.log" ;;
+    pe_quick) tail -18 "$OUT/tune_bwd_poll_early_quick.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;
