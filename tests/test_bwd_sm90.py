@@ -8,6 +8,7 @@ atol covers rounding the fp32 reference gradient to the input dtype.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -696,25 +697,24 @@ def test_bwd_overlaps_reach_every_kernel(tmp_path):
     assert r["pre"]["count"] >= 1 and r["pre"]["spills"] == 0, r
 
 
-_THREE_WRITERS_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
+# The deterministic kernel built for sm_90a with BwdTileConfig overrides, one build a form
+# (argv[1]: JSON [[d, causal, varlen, {field: value}], ...]): spills, turn polls, and whether
+# the third writer's full barrier (id 13) is an operand of the id's select or a BAR
+_DET_WRITER_FORMS_SNIPPET = r"""
+import dataclasses, json, os, re, sys, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
 from cute_attn.arch.sm90.tile_config import bwd_tile_config
 out = {}
-# (d, causal, varlen): the shared half buffer past D = 128, the flat tile's per-warpgroup
-# buffers with post_overlap at D = 128, D = 64's whole-tile handoff, and packed D = 128
-for d, causal, varlen in ((256, True, False), (128, False, False), (64, True, False),
-                          (128, True, True)):
+for d, causal, varlen, fields in json.loads(sys.argv[1]):
     cfg = bwd_tile_config(d, d, causal, False, deterministic=True, varlen=varlen)
-    cfg = dataclasses.replace(cfg, dq_writers=3)
+    cfg = dataclasses.replace(cfg, **fields)
     spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg, deterministic=True,
                    varlen=varlen)
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
     out[f"{d}-{causal}-{varlen}"] = {
         "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
-        # the third writer's full barrier (id 13) as an operand of the id's select or a BAR
         "id13": bool(re.search(r"(SEL|BAR\.[A-Z_.]+) [^;]*\b0xd\b", sass)),
         "polls": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
     }
@@ -722,49 +722,41 @@ print(json.dumps(out))
 """
 
 
+def _det_writer_forms(tmp_path, forms):
+    """_DET_WRITER_FORMS_SNIPPET's result over `forms`; skips without nvdisasm."""
+    r = run_json_snippet(_DET_WRITER_FORMS_SNIPPET, tmp_path, json.dumps(forms), timeout=900)
+    if not next(iter(r.values()))["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    return r
+
+
 @pytest.mark.compile
 def test_bwd_three_dq_writers_compile_spill_free(tmp_path):
     # BwdTileConfig.dq_writers = 3 (built, not in the table): the deterministic kernel builds
     # for sm_90a on every staging form without spills, polls its turns, and hands tiles to the
-    # third writer on barrier 13
-    r = run_json_snippet(_THREE_WRITERS_SNIPPET, tmp_path, timeout=900)
-    if not next(iter(r.values()))["sass"]:
-        pytest.skip("nvdisasm not installed: cannot read SASS")
-    for v in r.values():
-        assert v["spills"] == 0 and v["id13"] and v["polls"] >= 1, r
-
-
-_POLL_EARLY_SNIPPET = r"""
-import dataclasses, json, os, re, tempfile
-os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-from cute_attn.aot import _sass
-from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
-out = {}
-# the shared half buffer (D = 256 causal), the flat tile's per-warpgroup buffers (D = 128
-# unmasked) and D = 64's whole-tile handoff with one writer
-for d, causal, writers in ((256, True, 2), (128, False, 2), (64, True, 1)):
-    cfg = bwd_tile_config(d, d, causal, False, deterministic=True)
-    cfg = dataclasses.replace(cfg, det_poll_early=True, dq_writers=writers)
-    spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg, deterministic=True)
-    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-    out[f"{d}-{causal}-{writers}"] = {
-        "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
-        "polls": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
-    }
-print(json.dumps(out))
-"""
+    # third writer on barrier 13. Forms: the shared half buffer past D = 128, the flat tile's
+    # per-warpgroup buffers with post_overlap at D = 128, D = 64's whole-tile handoff, and
+    # packed D = 128
+    three = {"dq_writers": 3}
+    forms = [[256, True, False, three], [128, False, False, three], [64, True, False, three],
+             [128, True, True, three]]  # fmt: skip
+    for v in _det_writer_forms(tmp_path, forms).values():
+        assert v["spills"] == 0 and v["id13"] and v["polls"] >= 1, v
 
 
 @pytest.mark.compile
 def test_bwd_det_poll_early_compile_spill_free(tmp_path):
     # BwdTileConfig.det_poll_early (built, not in the table): the deterministic kernel builds
-    # for sm_90a without spills on the staging forms it changes, and still polls its turns
-    r = run_json_snippet(_POLL_EARLY_SNIPPET, tmp_path, timeout=600)
-    if not next(iter(r.values()))["sass"]:
-        pytest.skip("nvdisasm not installed: cannot read SASS")
-    for v in r.values():
-        assert v["spills"] == 0 and v["polls"] >= 1, r
+    # for sm_90a without spills on the staging forms it changes, and still polls its turns.
+    # Forms: the shared half buffer (D = 256 causal), the flat tile's per-warpgroup buffers
+    # (D = 128 unmasked), both on two writers, and D = 64's whole-tile handoff on one
+    def early(writers):
+        return {"det_poll_early": True, "dq_writers": writers}
+
+    forms = [[256, True, False, early(2)], [128, False, False, early(2)],
+             [64, True, False, early(1)]]  # fmt: skip
+    for v in _det_writer_forms(tmp_path, forms).values():
+        assert v["spills"] == 0 and v["polls"] >= 1, v
 
 
 @pytest.mark.parametrize("d,flat", [(64, 0), (64, 64), (96, 0), (96, 128), (128, 0), (128, 128)])

@@ -126,6 +126,19 @@ def test_varlen_bwd_lse_gradient(d):
     _check(*LENGTHS["mixed"], d=d, dv=d, lse_grad=True, causal=True)
 
 
+def _check_deterministic_mixed(d, causal, runs=3):
+    """The deterministic order over the "mixed" packed sequences: right against the
+    reference, and the same gradients bit for bit over `runs` more runs."""
+    lens_q, lens_k = LENGTHS["mixed"]
+    _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=causal)
+    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
+    first = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
+    for _ in range(runs):
+        again = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,causal", [(96, True), (128, False), (256, True)])
 @pytest.mark.parametrize("writers", [2, 3])
@@ -133,14 +146,7 @@ def test_varlen_bwd_dq_writers(monkeypatch, built_bwd_keys, d, causal, writers):
     # BwdTileConfig.dq_writers = 2 / 3 over packed sequences, deterministic: right, and
     # bitwise over runs
     force_bwd_tile(monkeypatch, dq_writers=writers)
-    lens_q, lens_k = LENGTHS["mixed"]
-    _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=causal)
-    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
-    first = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
-    for _ in range(3):
-        again = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
-        for a, b in zip(first, again):
-            assert torch.equal(a, b)
+    _check_deterministic_mixed(d, causal)
     assert built_bwd_keys and all(key.varlen for key in built_bwd_keys), built_bwd_keys
 
 
@@ -149,14 +155,7 @@ def test_varlen_bwd_dq_writers(monkeypatch, built_bwd_keys, d, causal, writers):
 def test_varlen_bwd_det_poll_early(monkeypatch, built_bwd_keys, d, causal):
     # BwdTileConfig.det_poll_early over packed sequences: right, and bitwise over runs
     force_bwd_tile(monkeypatch, det_poll_early=True)
-    lens_q, lens_k = LENGTHS["mixed"]
-    _check(lens_q, lens_k, d=d, dv=d, deterministic=True, causal=causal)
-    q, k, v, dout = _packed(lens_q, lens_k, 6, 2, d, d, torch.bfloat16)
-    first = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
-    for _ in range(3):
-        again = _run(lens_q, lens_k, q, k, v, dout, deterministic=True, causal=causal)
-        for a, b in zip(first, again):
-            assert torch.equal(a, b)
+    _check_deterministic_mixed(d, causal)
     assert built_bwd_keys and all(key.varlen for key in built_bwd_keys), built_bwd_keys
 
 
