@@ -36,9 +36,12 @@ import torch
 
 from . import dispatch, reference
 from .arch.common.dq_flat import DqFlatTile
+from .arch.common.schedule import tail_split
 from .arch.sm90.tile_config import (
     BWD_HEAD_DIMS,
     BWD_PRE_CTAS,
+    BWD_TAIL_FIXUP_STEPS,
+    BWD_TAIL_MAX_PARTS,
     BwdTileConfig,
     bwd_group_heads,
     bwd_short_rows,
@@ -260,13 +263,21 @@ def _dlse_rows(dlse: torch.Tensor | None) -> torch.Tensor | None:
     return None if dlse is None else dlse.float().contiguous()
 
 
+@functools.lru_cache(maxsize=256)
+def _tail_split(num_tiles: int, num_sms: int, steps: int) -> tuple[int, int]:
+    """BwdTileConfig.tail_split's (tail tiles, parts) for a grid (one CTA an SM: the warp
+    roles' register budgets take the whole file)."""
+    return tail_split(num_tiles, num_sms, steps, BWD_TAIL_MAX_PARTS, BWD_TAIL_FIXUP_STEPS)
+
+
 def run_bwd(
     q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | None = None,
-    pre_ctas: int | None = None,
+    pre_ctas: int | None = None, tail: tuple[int, int] | None = None,
 ):  # fmt: skip
     """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log.
     `key`: a variant other than the tuning table's, `pre_ctas`: a persistent preprocess grid
-    other than tile_config.BWD_PRE_CTAS (scripts/tune_bwd_sm90.py)."""
+    other than tile_config.BWD_PRE_CTAS, `tail`: (tail tiles, parts) for a tail_split variant
+    other than its model's (scripts/tune_bwd_sm90.py, the GPU tests)."""
     b, sq, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
     if b == 0 or sq == 0 or sk == 0:
@@ -293,7 +304,26 @@ def run_bwd(
     # [b, h, -1] pre_overlap's count of rows the preprocess wrote. Neither: the kernel never
     # reads it, so a tiny uninitialized tensor (no fill launch) stands in
     turns = sq_pad // cfg.tile_m if p.deterministic else 0
-    if p.deterministic or overlap:
+    # tail_split: the last `tail_tiles` key tiles of the launch order (n fastest, then head,
+    # then batch) run as `parts` CTAs each (1: none), with two zeroed counters per key tile
+    # of sem first (the parts' dK / dV fixup, their writers' landed adds) and the parts'
+    # partials in tail_acc
+    num_n = -(-sk // cfg.tile_n)
+    num_tiles = num_n * h * b
+    tail_tiles, parts, tail_acc = 0, 1, None
+    if cfg.tail_split:
+        tail_tiles, parts = tail or _tail_split(
+            num_tiles, _num_sms(p.device_index), -(-sq // cfg.tile_m)
+        )
+        if not (0 <= tail_tiles <= num_tiles and parts >= 1):
+            raise ValueError(f"tail split {tail_tiles, parts} of a grid of {num_tiles} key tiles")
+        if parts > 1:
+            floats = tail_tiles * parts * cfg.tail_slot_floats(d, dv_dim)
+            tail_acc = torch.empty((floats,), **f32)
+            turns = 2 * num_n
+        else:
+            tail_acc = torch.empty((1,), **f32)
+    if p.deterministic or overlap or parts > 1:
         sem = torch.zeros((b, h, turns + 2 * overlap), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
@@ -310,7 +340,7 @@ def run_bwd(
         q, pre, (out, dout, lse.contiguous(), _dlse_rows(dlse), lse_log2, dsum, dq_acc, None, sq,
                  *ready),
         main, (q, k, v, dout, lse_log2, dsum, dq_acc, dk_h, dv_h, sem, *_scalars(p), sk, None,
-               None),
+               None, tail_acc, num_tiles - tail_tiles, parts),
         post, (dq_acc, dq, p.softmax_scale, None, sq, *done),
     )  # fmt: skip
     return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)
@@ -368,7 +398,7 @@ def run_bwd_varlen(
         q, pre, (o1, do1, lse.contiguous().unsqueeze(0), dl, lse_log2, dsum, dq_acc, cu_seqlens_q,
                  p.seqlen_q, None, 0),
         main, (q1, k1, v1, do1, lse_log2, dsum, dq_acc, dk_h.unsqueeze(0), dv_h.unsqueeze(0),
-               sem, *_scalars(p), p.seqlen_k, cu_seqlens_q, cu_seqlens_k),
+               sem, *_scalars(p), p.seqlen_k, cu_seqlens_q, cu_seqlens_k, None, 0, 1),
         post, (dq_acc, dq.unsqueeze(0), p.softmax_scale, cu_seqlens_q, p.seqlen_q, None, 0),
     )  # fmt: skip
     return dq, *_sum_groups(dk_h, dv_h, hkv, k.dtype)

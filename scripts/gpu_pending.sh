@@ -51,6 +51,8 @@
 #               before the consumers stage the tile, not after) off / on, with two and three
 #               dQ writers, D = 128 to 256, deterministic, the default order beside;
 #               pe_tests: its tests (29)
+#   split_ab    the same script: BwdTileConfig.tail_split off / on (the model's parts, and 2 / 3
+#               / 4 forced) on the bench's unmasked rows; split_tests: its tests (79)
 #   pe_quick    pe_ab's and dq2_ab's main rows in one call (D = 256 4k causal and 4k, D = 192
 #               4k causal)
 #   dq2_ab      the same script at D = 256, deterministic: one Q stage with a dQ staging
@@ -117,8 +119,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pe_ab pe_tests w_tests det_w2_tests det_ratio preov_ab sdk_ab
-                                  sdk_rows bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(split_ab split_tests pe_ab pe_tests w_tests det_w2_tests det_ratio
+                                  preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -314,6 +316,24 @@ for step in "${steps[@]}"; do
           --variant det_q1=deterministic=1,num_stages=1,dq_stages=2 \
           --variant det_q1pe=deterministic=1,num_stages=1,dq_stages=2,det_poll_early=True \
           --out "$OUT/tune_bwd_d256_dq2_$gpu.json" > "$OUT/tune_bwd_d256_dq2.log" 2>&1 ;;
+    split_ab)
+      # BwdTileConfig.tail_split (the grid's last partial wave of key tiles split by query
+      # tiles, dK / dV partials summed by the last part) off / on with the model's parts count
+      # and with 2 / 3 / 4 parts forced, on the bench's unmasked rows (every one a partial
+      # last wave: D = 128 / 256 2048 key tiles on 132 SMs, D = 96 2688, D = 64 4096) and
+      # D = 128 4k causal without L2 sections
+      timeout 500 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d128-16k,d128-4k,d128-1k,d256-4k,d96-4k,d64-4k,d64-1k \
+          --variant base= --variant split=tail_split=True \
+          --variant split2=tail_split=True,tail_parts=2 \
+          --variant split3=tail_split=True,tail_parts=3 \
+          --variant split4=tail_split=True,tail_parts=4 \
+          --out "$OUT/tune_bwd_tail_split_$gpu.json" > "$OUT/tune_bwd_tail_split.log" 2>&1 ;;
+    split_tests)
+      # tail_split forced: every head dim, unmasked / causal / window / softcap, 2 to 4 parts
+      # of every key tile, right and dK / dV bitwise over runs; a third of the tiles split,
+      # fp16 too; the model's own split on a grid with a short last wave (79)
+      gpu_tests 540 gpu_tests_tail_split.log tests/test_bwd_sm90.py -vv -k "tail_split" ;;
     pe_tests)
       # det_poll_early forced: every head dim's tile, unmasked and causal, two and three
       # writers, group_heads and packed (29), right and bitwise over runs
@@ -530,6 +550,8 @@ for step in "${steps[@]}"; do
     w_tests) tail -4 "$OUT/gpu_tests_dq_writers.log" ;;
     pe_ab) tail -28 "$OUT/tune_bwd_poll_early.log" ;;
     pe_tests) tail -4 "$OUT/gpu_tests_poll_early.log" ;;
+    split_ab) tail -40 "$OUT/tune_bwd_tail_split.log" ;;
+    split_tests) tail -6 "$OUT/gpu_tests_tail_split.log" ;;
     dq2_ab) tail -18 "$OUT/tune_bwd_d256_dq2.log" ;;
     pe_quick) tail -18 "$OUT/tune_bwd_poll_early_quick.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;

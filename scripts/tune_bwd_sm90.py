@@ -102,15 +102,17 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
 INNER = 3
 
 
-def parse_override(text: str) -> tuple[dict, bool, bool, int | None]:
-    """`k=v,...` -> (BwdTileConfig overrides, deterministic, group_heads, pre_ctas);
-    `deterministic=1` and `group_heads=1` are not tile fields but key fields, `pre_ctas=N` the
-    persistent preprocess's grid (a launch value, run_bwd's pre_ctas)."""
-    out, det, group, pre_ctas = {}, False, False, None
+def parse_override(text: str) -> tuple[dict, bool, bool, int | None, int | None]:
+    """`k=v,...` -> (BwdTileConfig overrides, deterministic, group_heads, pre_ctas,
+    tail_parts); `deterministic=1` and `group_heads=1` are not tile fields but key fields,
+    `pre_ctas=N` the persistent preprocess's grid (a launch value, run_bwd's pre_ctas),
+    `tail_parts=N` (with tail_split=True) N parts a tail tile instead of the model's count
+    (the check problem splits every tile, the timed one its last partial wave)."""
+    out, det, group, pre_ctas, tail_parts = {}, False, False, None, None
     for item in filter(None, text.split(",")):
         k, v = item.split("=")
-        if k == "pre_ctas":
-            pre_ctas = int(v)
+        if k in ("pre_ctas", "tail_parts"):
+            pre_ctas, tail_parts = (int(v), tail_parts) if k == "pre_ctas" else (pre_ctas, int(v))
             continue
         if k in ("deterministic", "group_heads"):
             det, group = (v in ("1", "True"), group) if k == "deterministic" else (det, v == "1")
@@ -118,7 +120,18 @@ def parse_override(text: str) -> tuple[dict, bool, bool, int | None]:
         out[k] = {"True": True, "False": False}.get(v, None)
         if out[k] is None:
             out[k] = int(v)
-    return out, det, group, pre_ctas
+    return out, det, group, pre_ctas, tail_parts
+
+
+def forced_tail(q, k, cfg: BwdTileConfig, parts: int | None, whole: bool):
+    """run_bwd's `tail` for a `tail_parts=N` variant: every key tile (`whole`) or the last
+    partial wave's, N parts each; None: the model's."""
+    if parts is None or not cfg.tail_split:
+        return None
+    b, sq, h = q.shape[:3]
+    tiles = -(-k.shape[1] // cfg.tile_n) * h * b
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return (tiles if whole else tiles % sms), parts
 
 
 def problem(q, k, v, causal, deterministic=False, mask=None):
@@ -164,7 +177,7 @@ class Packed:
         return out.view(b, s, h, -1), lse.view(h, b, s).transpose(0, 1)
 
     @classmethod
-    def bwd(cls, q, k, v, out, lse, dout, p, key, pre_ctas=None):
+    def bwd(cls, q, k, v, out, lse, dout, p, key, pre_ctas=None, tail=None):
         flat = (cls._flat(t) for t in (q, k, v, out))
         lse = lse.transpose(0, 1).reshape(lse.shape[1], -1)
         g = run_bwd_varlen(
@@ -197,8 +210,8 @@ def main():
     else:
         mk_problem, fwd = problem, run_fwd
 
-        def bwd(q, k, v, out, lse, dout, p, key, pre_ctas=None):
-            return run_bwd(q, k, v, out, lse, dout, p, key=key, pre_ctas=pre_ctas)
+        def bwd(q, k, v, out, lse, dout, p, key, pre_ctas=None, tail=None):
+            return run_bwd(q, k, v, out, lse, dout, p, key=key, pre_ctas=pre_ctas, tail=tail)
 
     win = (None, None)
     if args.window:
@@ -229,17 +242,19 @@ def main():
         live = []
         for name, ov in variants:
             try:
-                overrides, det, group, pre = parse_override(ov)
+                overrides, det, group, pre, parts = parse_override(ov)
                 p_small = mk_problem(*small, causal, det, mask)
                 key, cfg = variant_key(p_small, overrides, group)
                 o_s, lse_s = fwd(*small, p_small)
-                g = bwd(*small, o_s, lse_s, do_small, p_small, key, pre)
+                tail = forced_tail(*small[:2], cfg, parts, True)
+                g = bwd(*small, o_s, lse_s, do_small, p_small, key, pre, tail)
                 err = max((a.float() - r).abs().max().item() for a, r in zip(g, ref_g))
                 p = dataclasses.replace(p_big, deterministic=det)
                 key_big, _ = variant_key(p, overrides, group)
+                tail = forced_tail(*big[:2], cfg, parts, False)
                 for _ in range(2):
-                    bwd(*big, o_big, lse_big, do_big, p, key_big, pre)
-                live.append((name, cfg, det, p, (key_big, pre), err, []))
+                    bwd(*big, o_big, lse_big, do_big, p, key_big, pre, tail)
+                live.append((name, cfg, det, p, (key_big, pre, tail), err, []))
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
         for _rep in range(args.reps):
@@ -254,12 +269,12 @@ def main():
                 en.record()
                 en.synchronize()
                 times.append(st.elapsed_time(en) / INNER)
-        for name, cfg, det, _p, (_key, pre), err, times in live:
+        for name, cfg, det, _p, (_key, pre, tail), err, times in live:
             times.sort()
             med = statistics.median(times)
             p95 = times[int(0.95 * (len(times) - 1))]
             row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg),
-                       deterministic=det, pre_ctas=pre, varlen=args.varlen, err=err,
+                       deterministic=det, pre_ctas=pre, tail=tail, varlen=args.varlen, err=err,
                        median_ms=med, p95_ms=p95,
                        tflops=flops / med / 1e9)  # fmt: skip
             rows.append(row)

@@ -286,6 +286,85 @@ def test_bwd_det_poll_early(monkeypatch, built_bwd_keys, dims, causal, writers):
     assert cfgs and all(c.det_poll_early and c.dq_writers == writers for c in cfgs), cfgs
 
 
+def _force_tail_split(monkeypatch, split):
+    """BwdTileConfig.tail_split on (L2 sections off: the split takes the plain launch order)
+    and the split `split(tiles)` -> (tail tiles, parts) instead of the model's; returns the
+    splits the backward launched."""
+    import cute_attn.bwd_sm90 as host
+
+    force_bwd_tile(monkeypatch, tail_split=True, l2_section_bytes=0)
+    launched = []
+
+    def forced(tiles, sms, steps):
+        launched.append(split(tiles))
+        return launched[-1]
+
+    monkeypatch.setattr(host, "_tail_split", forced)
+    return launched
+
+
+def _assert_dkv_bitwise(q, k, v, dout, runs, **kw):
+    """dK and dV bitwise equal over `runs` calls: a split tile's parts are summed in part order
+    whichever ends last (dQ's reduce-adds are unordered outside the deterministic mode)."""
+    first = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[2:]
+    for _ in range(runs - 1):
+        again = _grads(lambda a, b, c: flash_attn_func(a, b, c, **kw), q, k, v, dout)[2:]
+        for a, b in zip(first, again):
+            assert torch.equal(a, b), "split tiles' dK / dV differ between runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128),
+                                  (256, 256)])  # fmt: skip
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 50)}, {"softcap": 5.0}])
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_bwd_tail_split(monkeypatch, built_bwd_keys, dims, kw, parts):
+    # every key tile split (each one's fixup), whatever the model says: 333 query rows over
+    # 777 keys leave the causal mask's last key tiles one or two query tiles, so some parts
+    # walk none; with post_overlap (D <= 128) the postprocess waits for split tiles' counts
+    launched = _force_tail_split(monkeypatch, lambda tiles: (tiles, parts))
+    q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
+    _check(q, k, v, dout, **kw)
+    _assert_dkv_bitwise(q, k, v, dout, 3, **kw)
+    assert launched and all(s[1] == parts for s in launched), launched
+    assert built_bwd_keys and all(k.tile[-1] for k in built_bwd_keys), built_bwd_keys
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_tail_split_last_wave(monkeypatch, d, causal):
+    # a third of the grid's tiles split, the rest whole (the launch's two kinds of CTA mixed,
+    # the linear grid's coordinates across both), on a longer walk; fp16 too
+    launched = _force_tail_split(monkeypatch, lambda tiles: (tiles // 3, 3))
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v, dout = _inputs(2, 1000, 1100, 6, 3, d, d, dtype)
+        _check(q, k, v, dout, causal=causal)
+    assert launched and all(0 < s[0] and s[1] == 3 for s in launched), launched
+
+
+@pytest.mark.gpu
+def test_bwd_tail_split_model(monkeypatch):
+    # the model's own choice on this device: heads picked so the D = 128 grid's last wave is
+    # a few tiles (7 key tiles x 2 batches x h), which it splits
+    import cute_attn.bwd_sm90 as host
+
+    force_bwd_tile(monkeypatch, tail_split=True, l2_section_bytes=0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    h = next(h for h in range(sms // 14 + 1, 4 * sms) if 1 <= (14 * h) % sms <= 16)
+    chosen = []
+    model = host._tail_split
+
+    def spy(*args):
+        chosen.append(model(*args))
+        return chosen[-1]
+
+    monkeypatch.setattr(host, "_tail_split", spy)
+    q, k, v, dout = _inputs(2, 1024, 777, h, h, 128, 128, torch.bfloat16)
+    _check(q, k, v, dout)
+    assert chosen and chosen[0][1] > 1 and chosen[0][0] == (14 * h) % sms, chosen
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 256])
 def test_bwd_det_poll_early_group_heads(monkeypatch, grouped_heads, d):
@@ -757,6 +836,48 @@ def test_bwd_det_poll_early_compile_spill_free(tmp_path):
              [64, True, False, early(1)]]  # fmt: skip
     for v in _det_writer_forms(tmp_path, forms).values():
         assert v["spills"] == 0 and v["polls"] >= 1, v
+
+
+# The default-order kernel built for sm_90a with BwdTileConfig.tail_split, one build a form
+# (argv[1]: JSON [[d, dv, causal], ...]): spills, returning atomics (the parts' fixup count,
+# the writers' landed count) and L2-only loads (the last part's reads of the partials)
+_TAIL_SPLIT_SNIPPET = r"""
+import dataclasses, json, os, re, sys, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+out = {}
+for d, dv, causal in json.loads(sys.argv[1]):
+    cfg = bwd_tile_config(d, dv, causal, False)
+    cfg = dataclasses.replace(cfg, tail_split=True, l2_section_bytes=0)
+    spec = BwdSpec("bfloat16", d, dv, 8, 8, False, causal, False, cfg)
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    out[f"{d}-{dv}-{causal}"] = {
+        "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+        "atoms": len(re.findall(r"ATOMG\.E\.ADD", sass)),
+        "l2_loads": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
+        "slot": cfg.tail_slot_floats(d, dv) // 256,
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_tail_split_compile_spill_free(tmp_path):
+    # BwdTileConfig.tail_split (built, not in the table): the kernel builds for sm_90a without
+    # spills on D = 128's flat tile with post_overlap and s_under_dk, D = 192's S = Q K^T and
+    # D = 256's dK^T / dV^T register tiles, and D = 64 causal; each counts its parts in with
+    # a returning atomic (and the writers' landed adds under post_overlap: D <= 128) and
+    # reads the partials back from L2, a load per element of a thread's dK / dV partial
+    forms = [[128, 128, False], [192, 192, False], [256, 256, False], [64, 64, True]]
+    r = run_json_snippet(_TAIL_SPLIT_SNIPPET, tmp_path, json.dumps(forms), timeout=900)
+    if not next(iter(r.values()))["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for name, v in r.items():
+        overlap = int(name.split("-")[0]) <= 128
+        assert v["spills"] == 0 and v["atoms"] >= 1 + overlap, (name, v)
+        assert v["l2_loads"] >= v["slot"], (name, v)
 
 
 @pytest.mark.parametrize("d,flat", [(64, 0), (64, 64), (96, 0), (96, 128), (128, 0), (128, 128)])

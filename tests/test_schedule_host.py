@@ -6,6 +6,10 @@
   with the pairs of a section consecutive and the last, partial section last; `reverse`
   gives the block of rank r as blocks - 1 - r; a pair's block of rank r - 1 is launched
   before its block of rank r (the backward's deterministic turns rely on it).
+* The backward's tail split (arch/common/schedule.py): `tail_split_coords` names every key
+  tile before the tail once, whole and in the plain grid's order, and every tile of the tail
+  once per part; `tail_split`'s model against a brute-force list schedule, and its choices
+  on the bench's grids.
 * The persistent grid (PersistentUnits.unit_tile, arch/sm90/persistent.py): its work units,
   both halves under a mask, name every (query tile, head, batch) exactly once, unmasked,
   causal and under windows with and without a ramp.
@@ -13,6 +17,8 @@
 
 # no `from __future__ import annotations`: the DSL reads the host function's annotations
 import functools
+import heapq
+import itertools
 
 import pytest
 import torch
@@ -101,6 +107,119 @@ def test_l2_sections_visit_every_tile_rank_major(grid, reverse):
         launched[batch * heads + head, blocks - 1 - block if reverse else block] = linear
     for (pair, rank), linear in launched.items():
         assert rank == 0 or launched[pair, rank - 1] < linear, (grid, pair, rank)
+
+
+@functools.cache
+def _tail_coords_fn():
+    sm90_dsl()
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    from cute_attn.arch.common.schedule import TailSplit, tail_split_coords
+
+    @cute.jit
+    def coords(
+        mOut: cute.Tensor,  # (CTAs, 4) int32: block, head, batch, part
+        num_ctas: Int32,
+        num_blocks: Int32,
+        start: Int32,
+        parts: Int32,
+        num_heads: cutlass.Constexpr[int],
+    ):
+        tail = TailSplit.create(start, parts, num_blocks)
+        for linear in cutlass.range(num_ctas, unroll=1):
+            block, head, batch, part = tail_split_coords(tail, num_heads, linear)
+            mOut[linear, 0] = block
+            mOut[linear, 1] = head
+            mOut[linear, 2] = batch
+            mOut[linear, 3] = part
+
+    return coords
+
+
+# (blocks, heads, batches, tail tiles, parts): no tail, a short one, every tile, one tile
+TAIL_GRIDS = [(7, 3, 5, 0, 1), (16, 8, 3, 68, 3), (5, 6, 7, 210, 2), (9, 5, 1, 1, 4),
+              (128, 16, 1, 68, 3), (3, 32, 2, 17, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("grid", TAIL_GRIDS)
+def test_tail_split_coords_cover_every_part_once(grid):
+    coords = _tail_coords_fn()
+    from cutlass import Int32
+    from cutlass.cute.runtime import from_dlpack
+
+    blocks, heads, batches, tail, parts = grid
+    tiles = blocks * heads * batches
+    start, ctas = tiles - tail, tiles + tail * (parts - 1)
+    out = torch.full((ctas, 4), -1, dtype=torch.int32)
+    coords(from_dlpack(out), Int32(ctas), Int32(blocks), Int32(start), Int32(parts), heads)
+    plain = list(itertools.product(range(batches), range(heads), range(blocks)))
+    got = [(b, h, x, p) for x, h, b, p in out.tolist()]
+    # before the tail: the plain grid's order, part 0; the tail: each tile's parts in order
+    assert got[:start] == [(*t, 0) for t in plain[:start]], grid
+    assert got[start:] == [(*t, p) for t in plain[start:] for p in range(parts)], grid
+
+
+def _heap_schedule_end(tiles: int, slots: int, steps: int, tail: int, parts: int, fix: int):
+    """Brute force: every CTA of the split grid, in launch order, on the first free slot."""
+    cost = -(-steps // parts) + fix
+    jobs = [steps] * (tiles - tail) + [cost] * (tail * parts if parts > 1 else tail)
+    free = [0] * slots
+    end = 0
+    for job in jobs:
+        t = heapq.heappop(free)
+        end = max(end, t + job)
+        heapq.heappush(free, t + job)
+    return end
+
+
+def test_tail_split_model_matches_brute_force():
+    from cute_attn.arch.common.schedule import _list_schedule_end, tail_split
+
+    for tiles, slots, steps in itertools.product(
+        (1, 5, 64, 131, 132, 133, 140, 200, 2048, 2688, 4096), (8, 132), (1, 2, 5, 13, 52, 205)
+    ):
+        tail, parts = tail_split(tiles, slots, steps, 4, 2)
+        plain = _heap_schedule_end(tiles, slots, steps, 0, 1, 0)
+        if parts == 1:
+            assert tail == 0
+            # no parts count would have gained 1% (and a step)
+            for p in range(2, min(4, steps) + 1):
+                r = tiles % slots
+                if r:
+                    end = _heap_schedule_end(tiles, slots, steps, r, p, 2)
+                    assert end > plain - max(1, plain // 100), (tiles, slots, steps, p)
+            continue
+        assert tail == tiles % slots and 2 <= parts <= min(4, steps), (tiles, slots, steps)
+        end = _heap_schedule_end(tiles, slots, steps, tail, parts, 2)
+        assert end <= plain - max(1, plain // 100), (tiles, slots, steps, tail, parts)
+    # the closed form of equal jobs on two groups of slots
+    for jobs, cost, a, at_a, b in itertools.product((1, 7, 132, 204, 500), (1, 5, 70),
+                                                    (1, 64, 132), (0, 10), (0, 3, 68)):  # fmt: skip
+        at_b = at_a + 13
+        free = [at_a] * a + [at_b] * b
+        heapq.heapify(free)
+        end = 0
+        for _ in range(jobs):
+            t = heapq.heappop(free)
+            end = max(end, t + cost)
+            heapq.heappush(free, t + cost)
+        assert _list_schedule_end(jobs, cost, a, at_a, b, at_b) == end, (jobs, cost, a, b)
+
+
+def test_tail_split_on_the_bench_grids():
+    # the bwd bench's unmasked rows on 132 SMs: D = 128 / 256 launch 2048 key tiles (68 in
+    # the last wave), D = 96 2688 (48), D = 64 4096 (4); walks of 13 query tiles (1k at
+    # tile_m 80) gain too little for the fixup
+    from cute_attn.arch.common.schedule import tail_split
+
+    assert tail_split(2048, 132, 205, 4, 2) == (68, 3)
+    assert tail_split(2048, 132, 52, 4, 2) == (68, 3)
+    assert tail_split(2048, 132, 13, 4, 2) == (0, 1)
+    assert tail_split(2688, 132, 43, 4, 2) == (48, 2)
+    assert tail_split(4096, 132, 16, 4, 2) == (4, 4)
+    assert tail_split(132 * 15, 132, 205, 4, 2) == (0, 1)  # full waves
 
 
 @functools.cache

@@ -8,7 +8,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 class DslStruct:
@@ -60,3 +60,21 @@ def wait_at_least(ptr: cute.Pointer, target: Int32, backoff_ns: cutlass.Constexp
     while seen < target:
         nanosleep(backoff_ns)
         seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+
+
+@dsl_user_op
+def block_idx_x_again(*, loc=None, ip=None) -> Int32:
+    """The CTA's x index, read again from %ctaid.x: marked with side effects, so the compiler
+    neither merges it with an earlier read nor keeps an earlier result live across a loop
+    for it (a value recomputed after a main loop costs no register through it)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [],
+            "mov.u32 $0, %ctaid.x;",
+            "=r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )  # fmt: skip
+    )

@@ -23,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .dsl import DslStruct
+from .dsl import DslStruct, block_idx_x_again
 
 
 class L2Sections(DslStruct):
@@ -95,3 +95,105 @@ def l2_section_coords(
     if cutlass.const_expr(reverse):
         rank = num_blocks - 1 - rank
     return rank, hb - batch * num_heads, batch
+
+
+def tail_split(
+    num_tiles: int, num_slots: int, steps: int, max_parts: int, fixup_steps: int
+) -> tuple[int, int]:
+    """(tail, parts): run the last `tail` tiles of a grid's launch order as `parts` CTAs each,
+    part p walking the p-th contiguous share of the tile's `steps` (a backward key tile's
+    query tiles), or (0, 1) to keep one CTA a tile. Host side, plain ints.
+
+    A grid of equal tiles on `num_slots` CTA slots ends with a partial wave when num_slots
+    does not divide num_tiles: r = num_tiles mod num_slots tiles run while the other slots
+    idle. Cut into parts, the tail's work spreads over more slots. The model: CTAs start in
+    launch order on the first free slot (list scheduling), a tile takes `steps`, a part
+    ceil(steps / parts) + fixup_steps (its partial's round trip through global memory). It
+    picks the parts count (2..max_parts, at most steps) whose grid ends first, if that beats
+    the plain grid by at least 1% (and a step): smaller gains are within what the model leaves
+    out (the part's launch, its L2 misses, the last part's reads of the others'); ties take
+    fewer parts."""
+    if num_tiles < 1 or num_slots < 1 or steps < 2:
+        return 0, 1
+    tail = num_tiles % num_slots
+    if tail == 0:
+        return 0, 1  # full waves: nothing idles
+    whole, late = divmod(num_tiles - tail, num_slots)
+    plain = -(-num_tiles // num_slots) * steps
+    best, best_parts = plain - max(1, plain // 100) + 1, 1
+    for parts in range(2, min(max_parts, steps) + 1):
+        cost = -(-steps // parts) + fixup_steps
+        end = _list_schedule_end(
+            tail * parts, cost, num_slots - late, whole * steps, late, (whole + 1) * steps
+        )
+        if late:
+            end = max(end, (whole + 1) * steps)
+        if end < best:
+            best, best_parts = end, parts
+    return (tail, best_parts) if best_parts > 1 else (0, 1)
+
+
+def _list_schedule_end(jobs: int, cost: int, free_a: int, at_a: int, free_b: int, at_b: int):
+    """When the last of `jobs` equal jobs of `cost` ends, started in order on the first free
+    of free_a slots free from at_a and free_b slots free from at_b (at_a < at_b)."""
+    started, k_a, k_b = 0, 0, 0
+    while True:
+        t_a = at_a + k_a * cost
+        t_b = at_b + k_b * cost if free_b else t_a + 1
+        if t_a <= t_b:
+            started, t, k_a = started + free_a, t_a, k_a + 1
+        else:
+            started, t, k_b = started + free_b, t_b, k_b + 1
+        if started >= jobs:
+            return t + cost
+
+
+class TailSplit(DslStruct):
+    """One launch's tail_split: the first tile of the tail (`start`, in the plain grid's
+    order) and divisors by its parts count and by the grid's block count (their magic
+    numbers built once a launch, so the kernel divides with a multiply-high)."""
+
+    _dynamic_ = ("start", "parts", "blocks")
+
+    def __init__(self, start, parts, blocks):
+        self.start = start
+        self.parts = parts
+        self.blocks = blocks
+
+    @staticmethod
+    def create(start: Int32, parts: Int32, num_blocks: Int32) -> TailSplit:
+        """Host side (the host part of a `@cute.jit` entry)."""
+        return TailSplit(
+            start,
+            cute.fast_divmod_create_divisor_v2(parts),
+            cute.fast_divmod_create_divisor_v2(num_blocks),
+        )
+
+
+@cute.jit
+def tail_split_coords(tail: TailSplit, num_heads: cutlass.Constexpr[int], linear=None):
+    """(block, head, batch, part) of this CTA on the linear grid of a (blocks, num_heads,
+    batches) problem whose tiles from tail.start on (in the plain grid's order, blocks
+    fastest) run as tail.parts CTAs each (tail_split): CTA start + t * parts + p is part p of
+    tile start + t; a CTA of a whole tile is part 0. `linear`: the CTA's x index, default its
+    own (tests pass others on the host)."""
+    if cutlass.const_expr(linear is None):
+        linear = cute.arch.block_idx()[0]
+    tile, part = linear, Int32(0)
+    if linear >= tail.start:
+        t, part = divmod(linear - tail.start, tail.parts)
+        tile = tail.start + t
+    hb, block = divmod(tile, tail.blocks)
+    batch = hb // num_heads
+    return block, hb - batch * num_heads, batch, part
+
+
+@cute.jit
+def tail_slot(tail: TailSplit) -> Int32:
+    """This CTA's workspace slot under tail_split: t * parts + p for part p of the tail's
+    tile t, -1 for a whole tile. Read afresh from %ctaid.x (block_idx_x_again) where it is
+    needed, after a main loop, rather than kept live across it."""
+    slot = block_idx_x_again() - tail.start
+    if slot < 0:
+        slot = Int32(-1)
+    return slot

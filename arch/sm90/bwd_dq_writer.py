@@ -13,9 +13,13 @@ tile m only at its turn, when the int32 counter of (batch, head, m) says the key
 before it in a fixed order have added theirs and those adds landed; then it adds 1 (release).
 The fp32 sums thus happen in one order: bitwise identical run to run.
 
+Under post_overlap each CTA's writers count it done for the postprocess once their adds
+landed; a key tile split over parts (BwdTileConfig.tail_split) counts once, by the last of
+its parts' writers to land (a counter per tile in sem).
+
 BwdDqWriter is a mixin: it holds no state of its own and reads the kernel's attributes
-(config, roles, flat, tile sizes, deterministic, post_overlap) and helpers (_padded_rows,
-_wait_ready); FlashBwdSm90 derives from it. Torch-free.
+(config, roles, flat, tile sizes, deterministic, post_overlap, tail_split) and helpers
+(_padded_rows, _wait_ready); FlashBwdSm90 derives from it. Torch-free.
 
 Compile without a GPU: CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
 """
@@ -29,6 +33,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from ..common.mask import TileMask
+from ..common.schedule import TailSplit, tail_slot
 from ..common.seqlen import SeqInfo
 from .primitives import tma_tiles
 
@@ -90,6 +95,7 @@ class BwdDqWriter:
         m_max: Int32,
         ready_rows: Int32,
         writer: Int32,
+        tail: TailSplit,
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
@@ -182,7 +188,18 @@ class BwdDqWriter:
                 done = mSem.iterator + cute.crd2idx(
                     (mSem.shape[0] - 2, head_q, seq.q_batch), mSem.layout
                 )
-                self._add_when_landed(done, lane)
+                if cutlass.const_expr(self.tail_split):
+                    if tail_slot(tail) >= 0:
+                        # a split tile counts once, when its parts' writers all landed
+                        parts_done = mSem.iterator + cute.crd2idx(
+                            (2 * n_block + 1, head_q, seq.q_batch), mSem.layout
+                        )
+                        arrivals = Int32(tail.parts.divisor) * writers
+                        self._add_when_landed(parts_done, lane, arrivals, done)
+                    else:
+                        self._add_when_landed(done, lane)
+                else:
+                    self._add_when_landed(done, lane)
 
     @cute.jit
     def _writer_of(self, walked: Int32) -> Int32:
@@ -266,10 +283,20 @@ class BwdDqWriter:
         cute.arch.fence_proxy("async.global")  # the acquire orders the TMA add after it
 
     @cute.jit
-    def _add_when_landed(self, counter: cute.Pointer, lane: Int32):
+    def _add_when_landed(
+        self, counter: cute.Pointer, lane: Int32, of: Int32 | None = None, then=None
+    ):
         """Add 1 to `counter` (release) once every reduce-add this warp issued has landed in
-        global memory: a query tile's deterministic turn, or the postprocess's done count."""
+        global memory: a query tile's deterministic turn, or the postprocess's done count.
+        With `of` and `then` (tail_split): `counter` counts `of` arrivals (acq_rel), and the
+        last one adds the tile's writers (BwdTileConfig.dq_writers) to `then` (release)."""
         cute.arch.cp_async_bulk_wait_group(0, read=False)
         cute.arch.fence_proxy("async.global")
         if lane == 0:
-            cute.arch.atomic_add(counter, Int32(1), sem="release", scope="gpu")
+            if cutlass.const_expr(of is None):
+                cute.arch.atomic_add(counter, Int32(1), sem="release", scope="gpu")
+            else:
+                arrived = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+                if arrived == of - 1:
+                    writers = Int32(self.config.dq_writers)
+                    cute.arch.atomic_add(then, writers, sem="release", scope="gpu")

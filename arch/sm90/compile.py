@@ -138,12 +138,15 @@ def compile_fwd(spec: FwdSpec, options: str = "", jit_engine: bool = True):
 def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     """TVM-FFI function (q, k, v, dout, lse_log2, dsum, dq_accum, dk, dv, sem,
     softmax_scale_log2, score_premul, softmax_scale, window_left, window_right, max_seqlen_k,
-    cu_seqlens_q, cu_seqlens_k); lse_log2 and dsum are padded to a multiple of tile_m rows,
-    dk / dv are per query head, sem is a zeroed (batch, heads, query tiles) int32 tensor (any
-    int32 (x, heads, y) tensor unless deterministic); with spec.group_heads dk / dv have the
-    KV heads (the kernel sums over each KV head's query heads). spec.varlen: every tensor has a unit
-    batch, the per-row buffers (lse_log2, dsum, dq_accum, sem) are padded per sequence
-    (seqlen.padded_row_offset) and the cu_seqlens are int32 vectors; else they are None."""
+    cu_seqlens_q, cu_seqlens_k, tail_acc, tail_start, tail_parts); lse_log2 and dsum are
+    padded to a multiple of tile_m rows, dk / dv are per query head, sem is a zeroed (batch,
+    heads, query tiles) int32 tensor (any int32 (x, heads, y) tensor unless deterministic);
+    with spec.group_heads dk / dv have the KV heads (the kernel sums over each KV head's query
+    heads). spec.varlen: every tensor has a unit batch, the per-row buffers (lse_log2, dsum,
+    dq_accum, sem) are padded per sequence (seqlen.padded_row_offset) and the cu_seqlens are
+    int32 vectors; else they are None.
+    spec.config.tail_split: tail_acc is an fp32 vector (FlashBwdSm90.__call__), sem holds two
+    counters per key tile first; else tail_acc is None and tail_start / tail_parts unread."""
     dtype = DTYPES[spec.dtype]
     kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic, spec.varlen, spec.group_heads)
     h, d, dv = spec.num_heads, spec.head_dim, spec.head_dim_v
@@ -163,12 +166,17 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
         cutlass.Int32, (cute.sym_int(), h, cute.sym_int()), stride_order=(2, 1, 0), assumed_align=4
     )
     cu = [_fake_int32_vector(), _fake_int32_vector()] if spec.varlen else [None, None]
+    tail_acc = None
+    if spec.config.tail_split:
+        tail_acc = cute.runtime.make_fake_compact_tensor(
+            cutlass.Float32, (cute.sym_int(),), assumed_align=16
+        )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
         kernel, q, k, v, do, lse, dsum, dq_acc, dk, dvt, sem,
         cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
-        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), *cu, stream, options=options,
-        jit_engine=jit_engine,
+        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1), *cu, tail_acc, cutlass.Int32(0),
+        cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
     )  # fmt: skip
 
 

@@ -111,7 +111,13 @@ from ..common.dsl import wait_at_least
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
-from ..common.schedule import L2Sections, l2_section_coords
+from ..common.schedule import (
+    L2Sections,
+    TailSplit,
+    l2_section_coords,
+    tail_slot,
+    tail_split_coords,
+)
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .bwd_dq_writer import BwdDqWriter
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
@@ -276,6 +282,15 @@ class FlashBwdSm90(BwdDqWriter):
         self.pre_overlap = cfg.pre_overlap
         if (self.post_overlap or self.pre_overlap) and self.varlen:
             raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
+        # the grid's last key tiles split by query tiles (BwdTileConfig.tail_split): a linear
+        # grid of one CTA a key tile and query head
+        self.tail_split = cfg.tail_split
+        if self.tail_split and (
+            self.deterministic or self.varlen or self.group_heads or self.l2_sections
+        ):
+            raise ValueError(
+                "tail_split: not in the deterministic order, packed, group_heads or L2 sections"
+            )
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         self._setup_flat_boxes()
@@ -333,6 +348,12 @@ class FlashBwdSm90(BwdDqWriter):
         max_seqlen_k: Int32,
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
+        # tail_split: fp32, (tiles of the tail) x tail_parts x BwdTileConfig.tail_slot_floats
+        # (the parts' dK / dV partials), and the first tile of the tail and its parts (the
+        # grid's tiles; 1 part: no split). Else None, unread
+        mTailAcc: cute.Tensor | None,
+        tail_start: Int32,
+        tail_parts: Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(mQ.element_type != self.dtype):
@@ -528,6 +549,13 @@ class FlashBwdSm90(BwdDqWriter):
         # one CTA per key tile and query head, or per key tile and KV head (group_heads)
         grid_heads = cute.size(mQ.shape[2]) // self.heads_per_cta
         grid = (num_n_blocks, grid_heads, num_batch)
+        if cutlass.const_expr(self.tail_split):
+            # the plain grid's CTAs in its launch order, the tail's tiles tail_parts each
+            tiles = num_n_blocks * grid_heads * num_batch
+            grid = (tiles + (tiles - tail_start) * (tail_parts - 1), 1, 1)
+            tail = TailSplit.create(tail_start, tail_parts, num_n_blocks)
+        else:
+            tail = TailSplit(tail_start, tail_parts, num_n_blocks)  # unread
         sections = None
         if cutlass.const_expr(self.l2_sections):
             # a pair's query rows: the dense length, or for packed sequences the grid's key
@@ -547,7 +575,7 @@ class FlashBwdSm90(BwdDqWriter):
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sdQ_layout,
             sdK_layout, sLSE_layout, sDsum_layout,
             softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
-            mCuSeqlensQ, mCuSeqlensK, sections,
+            mCuSeqlensQ, mCuSeqlensK, sections, mTailAcc, tail,
         ).launch(
             grid=grid,
             block=[self.roles.num_threads, 1, 1],
@@ -604,6 +632,8 @@ class FlashBwdSm90(BwdDqWriter):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         sections: L2Sections | None,
+        mTailAcc: cute.Tensor | None,
+        tail: TailSplit,
     ):
         roles = self.roles
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -636,6 +666,11 @@ class FlashBwdSm90(BwdDqWriter):
         sDsum = storage.sDsum.get_tensor(sDsum_layout)
 
         n_block, head, batch = cute.arch.block_idx()
+        # tail_split: this CTA's part of its key tile (0 of 1 for a whole tile)
+        part, parts = Int32(0), Int32(1)
+        if cutlass.const_expr(self.tail_split):
+            n_block, head, batch, part = tail_split_coords(tail, cute.size(mQ.shape[2]))
+            parts = cutlass.select_(cute.arch.block_idx()[0] >= tail.start, tail.parts.divisor, 1)
         if cutlass.const_expr(self.l2_sections):
             n_block, head, batch = l2_section_coords(
                 sections, cute.size(mQ.shape[2]) // self.heads_per_cta, reverse=False
@@ -666,6 +701,12 @@ class FlashBwdSm90(BwdDqWriter):
             self.config.mask_bits,
         )
         m_min, m_max = mask.m_block_range(n_block)
+        if cutlass.const_expr(self.tail_split):
+            # part p of a split tile walks the p-th contiguous share of its query tiles
+            span = m_max - m_min
+            m_lo = m_min + span * part // parts
+            m_max = m_min + span * (part + 1) // parts
+            m_min = m_lo
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
         if cutlass.const_expr(self.post_overlap):
@@ -691,7 +732,7 @@ class FlashBwdSm90(BwdDqWriter):
                 if warp_idx >= roles.dq_warp and warp_idx <= last_writer:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
-                        m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp,
+                        m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp, tail,
                     )  # fmt: skip
             else:
                 cute.arch.setmaxregister_increase(roles.mma_regs)
@@ -700,7 +741,7 @@ class FlashBwdSm90(BwdDqWriter):
                     tma_atom_dK, mdK, tma_atom_dV, mdV,
                     sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                     mask, seq, n_block, head, m_min, m_max,
-                    softmax_scale_log2, score_premul, softmax_scale,
+                    softmax_scale_log2, score_premul, softmax_scale, mTailAcc, mSem, tail,
                 )  # fmt: skip
 
     # ------------------------------------------------------------------ producer role
@@ -842,6 +883,9 @@ class FlashBwdSm90(BwdDqWriter):
         softmax_scale_log2: Float32,
         score_premul: Float32,
         softmax_scale: Float32,
+        mTailAcc: cute.Tensor | None,
+        mSem: cute.Tensor,
+        tail: TailSplit,
     ):
         roles = self.roles
         tm, tn = self.tile_m, self.tile_n
@@ -1155,10 +1199,16 @@ class FlashBwdSm90(BwdDqWriter):
                 cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
         else:
             cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
-        self.epilogue(
-            tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sdK, sV,
-            acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale,
-        )  # fmt: skip
+        final = cutlass.Boolean(True)
+        if cutlass.const_expr(self.tail_split):
+            final = self._tail_fixup(
+                acc_dk, acc_dv, mTailAcc, mSem, sLSE, tail, seq, n_block, head, tidx
+            )  # fmt: skip
+        if final:
+            self.epilogue(
+                tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sdK, sV,
+                acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale,
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit
@@ -1218,6 +1268,66 @@ class FlashBwdSm90(BwdDqWriter):
             cute.copy(tma_atom_dV, tdVsdV, tdVgdV)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _tail_fixup(
+        self,
+        acc_dk: cute.Tensor,
+        acc_dv: cute.Tensor,
+        mTailAcc: cute.Tensor,
+        mSem: cute.Tensor,
+        sLSE: cute.Tensor,
+        tail: TailSplit,
+        seq: SeqInfo,
+        n_block: Int32,
+        head: Int32,
+        tidx: Int32,
+    ) -> cutlass.Boolean:
+        """tail_split, every consumer thread: whether this CTA stores its tile's dK / dV (True
+        when the tile is whole). A part stores its fp32 partials to its workspace slot and
+        counts itself in (gpu-scope acq_rel); the last part of the tile to count reads every
+        part's slot back in part order, its own too, and sums them in place of its own, so the
+        sums do not depend on which part ended last."""
+        slot_of = tail_slot(tail)  # its workspace slot: tile x parts + part, -1 when whole
+        tail_parts = Int32(tail.parts.divisor)
+        roles = self.roles
+        nt = roles.num_mma_threads
+        n_dk, n_dv = cute.size(acc_dk), cute.size(acc_dv)
+        slot = nt * (n_dk + n_dv)
+        if cutlass.const_expr(slot != self.config.tail_slot_floats(self.head_dim, self.head_dim_v)):
+            raise ValueError(f"tail slot of {slot} floats: not BwdTileConfig.tail_slot_floats")
+        final = cutlass.Boolean(True)
+        if slot_of >= 0:
+            # thread-minor: each element's stores of a warp are 128 contiguous bytes
+            mine = slot_of * slot + tidx
+            for i in cutlass.range_constexpr(n_dk):
+                mTailAcc[mine + i * nt] = acc_dk[i]
+            for i in cutlass.range_constexpr(n_dv):
+                mTailAcc[mine + (n_dk + i) * nt] = acc_dv[i]
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=nt)
+            # sLSE is free: every Q stage (and its lse) was consumed
+            if tidx == 0:
+                counter = mSem.iterator + cute.crd2idx(
+                    (2 * n_block, head, seq.q_batch), mSem.layout
+                )
+                arrived = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+                sLSE[0] = Float32(arrived)
+            cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=nt)
+            final = sLSE[0] == Float32(tail_parts - 1)
+            if final:
+                cute.arch.fence_acq_rel_gpu()
+                acc_dk.fill(0.0)
+                acc_dv.fill(0.0)
+                first = (slot_of - slot_of % tail_parts) * slot + tidx
+                for p in cutlass.range(tail_parts, unroll=1):
+                    at = mTailAcc.iterator + (first + p * slot)
+                    # L2 loads: the other parts' stores came from other SMs
+                    for i in cutlass.range_constexpr(n_dk):
+                        acc_dk[i] += cute.arch.load(at + i * nt, Float32, cop="cg")
+                    for i in cutlass.range_constexpr(n_dv):
+                        acc_dv[i] += cute.arch.load(at + (n_dk + i) * nt, Float32, cop="cg")
+        return final
 
     # ------------------------------------------------------------------ helpers
     @cute.jit

@@ -740,6 +740,11 @@ def fwd_split_cluster(num_splits: int, head_dim_v: int) -> bool:
 # 628.3 / 628.7, D=64 16k causal 554.5 / 547.9, D=96 16k 565.3 / 560.7, D=128 1k causal
 # 299.0 / 301.8 (tune_bwd_pre_overlap_c_s57_h100.json)
 BWD_PRE_CTAS = 16
+# BwdTileConfig.tail_split's model (schedule.tail_split): at most 4 parts a key tile, and a
+# part's fixup (its 2 x 64 KB fp32 partial written, the last part's reads of the others')
+# costed as two query tiles' steps. Neither is measured yet
+BWD_TAIL_MAX_PARTS = 4
+BWD_TAIL_FIXUP_STEPS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -862,6 +867,13 @@ class BwdTileConfig:
     # computed costs no acquire load's L2 round trip between the handoff and the add (the
     # staging buffer is held meanwhile; at D = 256 it is the one buffer both warpgroups share)
     det_poll_early: bool = False
+    # the grid's last partial wave of key tiles (launch order) split by query tiles over
+    # several CTAs (arch/common/schedule.py tail_split picks how many at run time), each
+    # storing its fp32 dK / dV partial to a workspace; the tile's last part to finish adds the
+    # partials in part order (so dK / dV stay bitwise the same run to run) and stores them.
+    # Not in the deterministic order (its dQ turns are per key tile), L2 sections (their
+    # launch order), packed sequences or group_heads
+    tail_split: bool = False
 
     def __post_init__(self):
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
@@ -961,6 +973,11 @@ class BwdTileConfig:
         """fp32 elements from one smem stage of the lse / D row vectors to the next: tile_m
         rounded up to 128 bytes, as a TMA destination must be aligned (80 rows: 320 B)."""
         return -(-self.tile_m // 32) * 32
+
+    def tail_slot_floats(self, head_dim: int, head_dim_v: int) -> int:
+        """fp32 elements of one part's dK / dV partial in the tail_split workspace."""
+        head_dim, head_dim_v = self.tile_head_dims(head_dim, head_dim_v)
+        return self.tile_n * (head_dim + head_dim_v)
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         dk = self.dq_tile_head_dim(head_dim)
