@@ -303,7 +303,7 @@ def run_bwd(
     # overlaps, [b, h, -2] post_overlap's count of main CTAs whose dQ adds landed and
     # [b, h, -1] pre_overlap's count of rows the preprocess wrote. Neither: the kernel never
     # reads it, so a tiny uninitialized tensor (no fill launch) stands in
-    turns = sq_pad // cfg.tile_m if p.deterministic else 0
+    lead = sq_pad // cfg.tile_m if p.deterministic else 0  # sem's counters before the two
     # tail_split: the last `tail_tiles` key tiles of the launch order (n fastest, then head,
     # then batch) run as `parts` CTAs each (1: none), with two zeroed counters per key tile
     # of sem first (the parts' dK / dV fixup, their writers' landed adds) and the parts'
@@ -317,14 +317,16 @@ def run_bwd(
         )
         if not (0 <= tail_tiles <= num_tiles and parts >= 1):
             raise ValueError(f"tail split {tail_tiles, parts} of a grid of {num_tiles} key tiles")
+        if tail_tiles == 0:
+            parts = 1
         if parts > 1:
             floats = tail_tiles * parts * cfg.tail_slot_floats(d, dv_dim)
             tail_acc = torch.empty((floats,), **f32)
-            turns = 2 * num_n
+            lead = 2 * num_n  # (never deterministic: FlashBwdSm90 rejects it)
         else:
             tail_acc = torch.empty((1,), **f32)
     if p.deterministic or overlap or parts > 1:
-        sem = torch.zeros((b, h, turns + 2 * overlap), dtype=torch.int32, device=q.device)
+        sem = torch.zeros((b, h, lead + 2 * overlap), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)
     # the postprocess waits for all ceil(sk / tile_n) main CTAs of its (batch, head), each
