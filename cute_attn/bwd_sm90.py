@@ -36,12 +36,13 @@ import torch
 
 from . import dispatch, reference
 from .arch.common.dq_flat import DqFlatTile
-from .arch.common.schedule import tail_split
+from .arch.common.tail_model import tail_split
 from .arch.sm90.tile_config import (
     BWD_HEAD_DIMS,
     BWD_PRE_CTAS,
     BWD_TAIL_FIXUP_STEPS,
     BWD_TAIL_MAX_PARTS,
+    BWD_TAIL_MIN_STEPS_POST,
     BwdTileConfig,
     bwd_group_heads,
     bwd_short_rows,
@@ -264,9 +265,12 @@ def _dlse_rows(dlse: torch.Tensor | None) -> torch.Tensor | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _tail_split(num_tiles: int, num_sms: int, steps: int) -> tuple[int, int]:
+def _tail_split(num_tiles: int, num_sms: int, steps: int, post_overlap: bool) -> tuple[int, int]:
     """BwdTileConfig.tail_split's (tail tiles, parts) for a grid (one CTA an SM: the warp
-    roles' register budgets take the whole file)."""
+    roles' register budgets take the whole file) of walks of `steps` query tiles; none of
+    walks shorter than BWD_TAIL_MIN_STEPS_POST under post_overlap."""
+    if post_overlap and steps < BWD_TAIL_MIN_STEPS_POST:
+        return 0, 1
     return tail_split(num_tiles, num_sms, steps, BWD_TAIL_MAX_PARTS, BWD_TAIL_FIXUP_STEPS)
 
 
@@ -313,7 +317,7 @@ def run_bwd(
     tail_tiles, parts, tail_acc = 0, 1, None
     if cfg.tail_split:
         tail_tiles, parts = tail or _tail_split(
-            num_tiles, _num_sms(p.device_index), -(-sq // cfg.tile_m)
+            num_tiles, _num_sms(p.device_index), -(-sq // cfg.tile_m), cfg.post_overlap
         )
         if not (0 <= tail_tiles <= num_tiles and parts >= 1):
             raise ValueError(f"tail split {tail_tiles, parts} of a grid of {num_tiles} key tiles")
@@ -324,7 +328,7 @@ def run_bwd(
             tail_acc = torch.empty((floats,), **f32)
             lead = 2 * num_n  # (never deterministic: FlashBwdSm90 rejects it)
         else:
-            tail_acc = torch.empty((1,), **f32)
+            tail_acc = lse_log2.view(-1)  # unread: no allocation
     if p.deterministic or overlap or parts > 1:
         sem = torch.zeros((b, h, lead + 2 * overlap), dtype=torch.int32, device=q.device)
     else:

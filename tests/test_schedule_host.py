@@ -6,10 +6,10 @@
   with the pairs of a section consecutive and the last, partial section last; `reverse`
   gives the block of rank r as blocks - 1 - r; a pair's block of rank r - 1 is launched
   before its block of rank r (the backward's deterministic turns rely on it).
-* The backward's tail split (arch/common/schedule.py): `tail_split_coords` names every key
+* The backward's tail split: `tail_split_coords` (arch/common/schedule.py) names every key
   tile before the tail once, whole and in the plain grid's order, and every tile of the tail
-  once per part; `tail_split`'s model against a brute-force list schedule, and its choices
-  on the bench's grids.
+  once per part; `tail_split`'s model (arch/common/tail_model.py) against a brute-force list
+  schedule, and its choices on the bench's grids.
 * The persistent grid (PersistentUnits.unit_tile, arch/sm90/persistent.py): its work units,
   both halves under a mask, name every (query tile, head, batch) exactly once, unmasked,
   causal and under windows with and without a ramp.
@@ -175,7 +175,7 @@ def _heap_schedule_end(tiles: int, slots: int, steps: int, tail: int, parts: int
 
 
 def test_tail_split_model_matches_brute_force():
-    from cute_attn.arch.common.schedule import _list_schedule_end, tail_split
+    from cute_attn.arch.common.tail_model import _list_schedule_end, tail_split
 
     for tiles, slots, steps in itertools.product(
         (1, 5, 64, 131, 132, 133, 140, 200, 2048, 2688, 4096), (8, 132), (1, 2, 5, 13, 52, 205)
@@ -212,7 +212,7 @@ def test_tail_split_on_the_bench_grids():
     # the bwd bench's unmasked rows on 132 SMs: D = 128 / 256 launch 2048 key tiles (68 in
     # the last wave), D = 96 2688 (48), D = 64 4096 (4); walks of 13 query tiles (1k at
     # tile_m 80) gain too little for the fixup
-    from cute_attn.arch.common.schedule import tail_split
+    from cute_attn.arch.common.tail_model import tail_split
 
     assert tail_split(2048, 132, 205, 4, 2) == (68, 3)
     assert tail_split(2048, 132, 52, 4, 2) == (68, 3)

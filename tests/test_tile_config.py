@@ -696,6 +696,7 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
         assert d128 == dataclasses.replace(
             cfg, dq_head_dim=0, tile_m=80, s_under_dk=d128.s_under_dk,
             l2_section_bytes=d128.l2_section_bytes, dq_skip_zero_rows=False,
+            tail_split=d128.tail_split,
         )  # fmt: skip
         assert cfg.tile_head_dims(96, 96) == (96, 96)
         assert cfg.dq_tile_head_dim(96) == 128
@@ -764,7 +765,9 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             # one dQ half buffer (a buffer per warpgroup spills there); no L2 sections in
             # their deterministic order (test_bwd_l2_sections_where_measured)
             packed = bwd_tile_config(d, dv, causal, local, softcap, det, varlen=True)
-            cfg = dataclasses.replace(cfg, l2_section_bytes=packed.l2_section_bytes)
+            cfg = dataclasses.replace(
+                cfg, l2_section_bytes=packed.l2_section_bytes, tail_split=packed.tail_split
+            )
             turns = dataclasses.replace(cfg, dq_stages=1)
             assert packed == (turns if d == dv == 192 else cfg)
             assert cfg.dq_swizzle == 128

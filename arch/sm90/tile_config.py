@@ -740,11 +740,16 @@ def fwd_split_cluster(num_splits: int, head_dim_v: int) -> bool:
 # 628.3 / 628.7, D=64 16k causal 554.5 / 547.9, D=96 16k 565.3 / 560.7, D=128 1k causal
 # 299.0 / 301.8 (tune_bwd_pre_overlap_c_s57_h100.json)
 BWD_PRE_CTAS = 16
-# BwdTileConfig.tail_split's model (schedule.tail_split): at most 4 parts a key tile, and a
-# part's fixup (its 2 x 64 KB fp32 partial written, the last part's reads of the others')
-# costed as two query tiles' steps. Neither is measured yet
+# BwdTileConfig.tail_split's model (arch/common/tail_model.py): at most 4 parts a key tile,
+# and a part's fixup (its 2 x 64 KB fp32 partial written, the last part's reads of the
+# others') costed as two query tiles' steps. Neither measured on its own: the A/B in
+# bwd_tile_config's tail_split comment took the model's splits as they are
 BWD_TAIL_MAX_PARTS = 4
 BWD_TAIL_FIXUP_STEPS = 2
+# ... and under post_overlap, whose postprocess already runs on the last wave's idle SMs, no
+# split of walks shorter than this many query tiles: D=128 4k (52) lost 0.6-1.4% split, 16k
+# (205) gained 1.2-1.9% (bwd_tile_config's tail_split comment); 8k (102) not measured
+BWD_TAIL_MIN_STEPS_POST = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -868,7 +873,7 @@ class BwdTileConfig:
     # staging buffer is held meanwhile; at D = 256 it is the one buffer both warpgroups share)
     det_poll_early: bool = False
     # the grid's last partial wave of key tiles (launch order) split by query tiles over
-    # several CTAs (arch/common/schedule.py tail_split picks how many at run time), each
+    # several CTAs (arch/common/tail_model.py picks how many at run time), each
     # storing its fp32 dK / dV partial to a workspace; the tile's last part to finish adds the
     # partials in part order (so dK / dV stay bitwise the same run to run) and stores them.
     # Not in the deterministic order (its dQ turns are per key tile), L2 sections (their
@@ -1220,6 +1225,32 @@ def bwd_tile_config(
     # tune_bwd_det_chains_s61_h100.json)
     if deterministic:
         cfg = dataclasses.replace(cfg, dq_writers=2)
+    # det_poll_early (each writer polls its turn before the consumers' handoff) at D = 256.
+    # Round-robin on an H100, TFLOP/s, default order / deterministic / with det_poll_early
+    # (tune_bwd_poll_early{,_quick}_s64_h100.json; same gradients): D=256 4k causal 369.0 /
+    # 315.0 / 336.6 and 370.7 / 318.1 / 337.6, 4k 393.3 / 342.5 / 356.2 and 394.2 / 343.1 /
+    # 356.3, 1k 282.9 / 251.8 / 267.8. Not where it tied or lost: D=192 4k causal 405.5 /
+    # 406.7 and 415.3 / 416.9, D=128 4k causal 488.6 / 489.9, 4k 565.7 / 563.8, D=96 4k 524.9
+    # / 511.6, 4k causal 484.7 / 485.2, D=64 4k causal 469.6 / 467.8
+    # (tune_bwd_poll_early_small_s64_h100.json); three writers with it were no faster (D=256
+    # 4k causal 334.2). Windows, softcap, packed sequences and group_heads take it unmeasured
+    # (the same writer; their deterministic GPU tests at D = 256 passed with it)
+    if deterministic and head_dim == 256:
+        cfg = dataclasses.replace(cfg, det_poll_early=True)
+    # tail_split (the last partial wave's key tiles split over CTAs; FlashBwdSm90._tail_fixup)
+    # on unmasked D = 256 and D = 128. Round-robin on an H100, TFLOP/s, table / tail_split
+    # with the model's split (tune_bwd_tail_split{,_b}_s64_h100.json; same gradients): D=256
+    # 4k 390.9 / 395.4 and 389.2 / 394.1, 16k 391.9 / 401.7 (3 parts forced, the same split:
+    # 393.7); D=128 16k 618.3 / 630.2 and 611.5 / 618.8. Where post_overlap runs its
+    # postprocess on the last wave's idle SMs a split of shorter walks lost: D=128 4k 555.3 /
+    # 552.2 and 567.4 / 559.4 (hence BWD_TAIL_MIN_STEPS_POST), D=96 4k 540.5 / 532.3, 16k
+    # 558.9 / 556.7, D=64 4k 529.8 / 525.6, 1k 421.6 / 410.2: off there. D=192 (no
+    # post_overlap), windows and softcap were not measured; group_heads, L2 sections and the
+    # deterministic order are not built
+    if head_dim in (128, 256) and not (
+        causal or local or softcap or deterministic or varlen or group_heads
+    ):
+        cfg = dataclasses.replace(cfg, tail_split=True)
     return cfg
 
 
