@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `pe_ab pe_tests`
-# (BwdTileConfig.det_poll_early, sixty-third session; its A/B covers three dQ writers too),
-# `w_tests` (a third dQ writer warp, built in the sixty-second session, which had no GPU), then
-# `det_w2_tests det_ratio` (any card: the deterministic tests and its ratio to the default
-# order with the table's two dQ writers, BwdTileConfig.dq_writers, taken in the sixty-first
-# session on its `w2_ab` and 30 `w2_tests`), then on an H200 `preov_ab sdk_ab sdk_rows
-# bwd_bench bwd_touched`.
+# installed there), by steps; the default is what is still pending: `bwd_touched` and
+# `det_w2_tests` (the backward tests the sixty-fourth session's table changes touch:
+# BwdTileConfig.tail_split at unmasked D = 128 / 256 runs in the sweep's unmasked cases, lse,
+# graph and compile tests; det_poll_early at D = 256 in every deterministic test), then
+# `bwd_bench` (the issue's rows with FA4 and cuDNN, not run since those changes; on an H200
+# too), `w_tests` (a third dQ writer warp, not in the table), `det_ratio`, and on an H200
+# `preov_ab sdk_ab sdk_rows`. The sixty-fourth session ran `split_ab split_tests pe_quick
+# pe_tests pe_ab` on an H100 (docs/perf/README.md).
 # The sixty-first session also ran `det_big_tests` and the backward sweep's cases 457-480 on
 # an H100 (both passed) and removed det_part_turns and det_chains (a deterministic variant
 # of its own), which lost everywhere in its A/B (docs/perf/tune_bwd_det_chains_s61_h100.json).
@@ -119,8 +120,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(split_ab split_tests pe_ab pe_tests w_tests det_w2_tests det_ratio
-                                  preov_ab sdk_ab sdk_rows bwd_bench bwd_touched)
+[ ${#steps[@]} -eq 0 ] && steps=(bwd_touched det_w2_tests bwd_bench w_tests det_ratio preov_ab
+                                  sdk_ab sdk_rows)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -435,9 +436,9 @@ d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,d192-4k-causal,d192v128-
           --variant m80=tile_m=80 \
           --out "$OUT/tune_bwd_l2_causal_$gpu.json" > "$OUT/tune_bwd_l2_causal.log" 2>&1 ;;
     bwd_touched)
-      # the backward tests s_under_dk and the short-rows bucket touch: the sweep's unmasked
-      # cases and its causal ones at D <= 128, short rows, group_heads, lse gradient, CUDA
-      # graphs, torch.compile
+      # the backward tests s_under_dk, tail_split and the short-rows bucket touch: the sweep's
+      # unmasked cases and its causal ones at D <= 128, short rows, group_heads, lse gradient,
+      # CUDA graphs, torch.compile
       ids=$( (python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider \
           tests/test_bwd_sm90.py -k "short_rows or group_heads or lse or cuda_graph or \
           torch_compile or s_under_dk or (sweep and full)" 2>/dev/null | grep "::"
