@@ -76,5 +76,5 @@ def block_idx_x_again(*, loc=None, ip=None) -> Int32:
             has_side_effects=True,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
-        )  # fmt: skip
+        )
     )
