@@ -319,6 +319,8 @@ def _assert_dkv_bitwise(q, k, v, dout, runs, **kw):
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 50)}, {"softcap": 5.0}])
 @pytest.mark.parametrize("parts", [2, 3, 4])
 def test_bwd_tail_split(monkeypatch, built_bwd_keys, dims, kw, parts):
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
     # every key tile split (each one's fixup), whatever the model says: 333 query rows over
     # 777 keys leave the causal mask's last key tiles one or two query tiles, so some parts
     # walk none; with post_overlap (D <= 128) the postprocess waits for split tiles' counts
@@ -327,7 +329,8 @@ def test_bwd_tail_split(monkeypatch, built_bwd_keys, dims, kw, parts):
     _check(q, k, v, dout, **kw)
     _assert_dkv_bitwise(q, k, v, dout, 3, **kw)
     assert launched and all(s[1] == parts for s in launched), launched
-    assert built_bwd_keys and all(k.tile[-1] for k in built_bwd_keys), built_bwd_keys
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.tail_split for c in cfgs), cfgs
 
 
 @pytest.mark.gpu
@@ -867,11 +870,12 @@ print(json.dumps(out))
 
 @pytest.mark.compile
 def test_bwd_tail_split_compile_spill_free(tmp_path):
-    # BwdTileConfig.tail_split (built, not in the table): the kernel builds for sm_90a without
-    # spills on D = 128's flat tile with post_overlap and s_under_dk, D = 192's S = Q K^T and
-    # D = 256's dK^T / dV^T register tiles, and D = 64 causal; each counts its parts in with
-    # a returning atomic (and the writers' landed adds under post_overlap: D <= 128) and
-    # reads the partials back from L2, a load per element of a thread's dK / dV partial
+    # BwdTileConfig.tail_split (the table's at unmasked D = 128 / 256; forced here on other
+    # forms too): the kernel builds for sm_90a without spills on D = 128's flat tile with
+    # post_overlap and s_under_dk, D = 192's S = Q K^T and D = 256's dK^T / dV^T register
+    # tiles, and D = 64 causal; each counts its parts in with a returning atomic (and the
+    # writers' landed adds under post_overlap: D <= 128) and reads the partials back from
+    # L2, a load per element of a thread's dK / dV partial
     forms = [[128, 128, False], [192, 192, False], [256, 256, False], [64, 64, True]]
     r = run_json_snippet(_TAIL_SPLIT_SNIPPET, tmp_path, json.dumps(forms), timeout=900)
     if not next(iter(r.values()))["sass"]:

@@ -1229,10 +1229,10 @@ def bwd_tile_config(
     # Round-robin on an H100, TFLOP/s, default order / deterministic / with det_poll_early
     # (tune_bwd_poll_early{,_quick}_s64_h100.json; same gradients): D=256 4k causal 369.0 /
     # 315.0 / 336.6 and 370.7 / 318.1 / 337.6, 4k 393.3 / 342.5 / 356.2 and 394.2 / 343.1 /
-    # 356.3, 1k 282.9 / 251.8 / 267.8. Not where it tied or lost: D=192 4k causal 405.5 /
-    # 406.7 and 415.3 / 416.9, D=128 4k causal 488.6 / 489.9, 4k 565.7 / 563.8, D=96 4k 524.9
-    # / 511.6, 4k causal 484.7 / 485.2, D=64 4k causal 469.6 / 467.8
-    # (tune_bwd_poll_early_small_s64_h100.json); three writers with it were no faster (D=256
+    # 356.3, 1k 282.9 / 251.8 / 267.8. Not where it tied or lost (deterministic / with it):
+    # D=192 4k causal 405.5 / 406.7 and 415.3 / 416.9, D=128 4k causal 488.6 / 489.9, 4k
+    # 565.7 / 563.8, D=96 4k 524.9 / 511.6, 4k causal 484.7 / 485.2, D=64 4k causal 469.6 /
+    # 467.8 (tune_bwd_poll_early_small_s64_h100.json); three writers with it were no faster (D=256
     # 4k causal 334.2). Windows, softcap, packed sequences and group_heads take it unmeasured
     # (the same writer; their deterministic GPU tests at D = 256 passed with it)
     if deterministic and head_dim == 256:
