@@ -120,7 +120,7 @@ def _tail_coords_fn():
 
     @cute.jit
     def coords(
-        mOut: cute.Tensor,  # (CTAs, 4) int32: block, head, batch, part
+        mOut: cute.Tensor,  # (CTAs, 5) int32: block, head, batch, part, parts
         num_ctas: Int32,
         num_blocks: Int32,
         start: Int32,
@@ -129,11 +129,12 @@ def _tail_coords_fn():
     ):
         tail = TailSplit.create(start, parts, num_blocks)
         for linear in cutlass.range(num_ctas, unroll=1):
-            block, head, batch, part = tail_split_coords(tail, num_heads, linear)
+            block, head, batch, part, parts_of = tail_split_coords(tail, num_heads, linear)
             mOut[linear, 0] = block
             mOut[linear, 1] = head
             mOut[linear, 2] = batch
             mOut[linear, 3] = part
+            mOut[linear, 4] = parts_of
 
     return coords
 
@@ -152,13 +153,13 @@ def test_tail_split_coords_cover_every_part_once(grid):
     blocks, heads, batches, tail, parts = grid
     tiles = blocks * heads * batches
     start, ctas = tiles - tail, tiles + tail * (parts - 1)
-    out = torch.full((ctas, 4), -1, dtype=torch.int32)
+    out = torch.full((ctas, 5), -1, dtype=torch.int32)
     coords(from_dlpack(out), Int32(ctas), Int32(blocks), Int32(start), Int32(parts), heads)
     plain = list(itertools.product(range(batches), range(heads), range(blocks)))
-    got = [(b, h, x, p) for x, h, b, p in out.tolist()]
-    # before the tail: the plain grid's order, part 0; the tail: each tile's parts in order
-    assert got[:start] == [(*t, 0) for t in plain[:start]], grid
-    assert got[start:] == [(*t, p) for t in plain[start:] for p in range(parts)], grid
+    got = [(b, h, x, p, n) for x, h, b, p, n in out.tolist()]
+    # before the tail: the plain grid's order, part 0 of 1; the tail: each tile's parts in order
+    assert got[:start] == [(*t, 0, 1) for t in plain[:start]], grid
+    assert got[start:] == [(*t, p, parts) for t in plain[start:] for p in range(parts)], grid
 
 
 def _heap_schedule_end(tiles: int, slots: int, steps: int, tail: int, parts: int, fix: int):

@@ -121,20 +121,21 @@ class TailSplit(DslStruct):
 
 @cute.jit
 def tail_split_coords(tail: TailSplit, num_heads: cutlass.Constexpr[int], linear=None):
-    """(block, head, batch, part) of this CTA on the linear grid of a (blocks, num_heads,
-    batches) problem whose tiles from tail.start on (in the plain grid's order, blocks
-    fastest) run as tail.parts CTAs each (tail_split): CTA start + t * parts + p is part p of
-    tile start + t; a CTA of a whole tile is part 0. `linear`: the CTA's x index, default its
-    own (tests pass others on the host)."""
+    """(block, head, batch, part, parts) of this CTA on the linear grid of a (blocks,
+    num_heads, batches) problem whose tiles from tail.start on (in the plain grid's order,
+    blocks fastest) run as tail.parts CTAs each (tail_split): CTA start + t * parts + p is
+    part p of tile start + t; a CTA of a whole tile is part 0 of 1. `linear`: the CTA's x
+    index, default its own (tests pass others on the host)."""
     if cutlass.const_expr(linear is None):
         linear = cute.arch.block_idx()[0]
-    tile, part = linear, Int32(0)
+    tile, part, parts = linear, Int32(0), Int32(1)
     if linear >= tail.start:
         t, part = divmod(linear - tail.start, tail.parts)
         tile = tail.start + t
+        parts = Int32(tail.parts.divisor)
     hb, block = divmod(tile, tail.blocks)
     batch = hb // num_heads
-    return block, hb - batch * num_heads, batch, part
+    return block, hb - batch * num_heads, batch, part, parts
 
 
 @cute.jit

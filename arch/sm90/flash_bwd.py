@@ -669,8 +669,7 @@ class FlashBwdSm90(BwdDqWriter):
         # tail_split: this CTA's part of its key tile (0 of 1 for a whole tile)
         part, parts = Int32(0), Int32(1)
         if cutlass.const_expr(self.tail_split):
-            n_block, head, batch, part = tail_split_coords(tail, cute.size(mQ.shape[2]))
-            parts = cutlass.select_(cute.arch.block_idx()[0] >= tail.start, tail.parts.divisor, 1)
+            n_block, head, batch, part, parts = tail_split_coords(tail, cute.size(mQ.shape[2]))
         if cutlass.const_expr(self.l2_sections):
             n_block, head, batch = l2_section_coords(
                 sections, cute.size(mQ.shape[2]) // self.heads_per_cta, reverse=False
