@@ -112,6 +112,8 @@
 #               rows, last benched in the thirty-eighth session)
 #   fwd_bench   bench --preset fwd-prefill (issue #3's rows) against FA4 and cuDNN
 #   bwd_bench   bench --preset bwd (issue #4's rows) against FA4 and cuDNN
+#   bwd192_bench  the full preset's D = 192 and (192, 128) backward rows against FA4 and cuDNN
+#               (not benched since the twenty-sixth session)
 #   host        scripts/host_overhead.py --tiny-only and scripts/compile_time.py --dims 128 256
 #               (issue #3's host-time and first-call bars)
 #   host_varlen scripts/host_overhead.py --varlen-only (the varlen entry's memo on / off, its
@@ -493,6 +495,10 @@ d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,d192-4k-causal,d192v128-
     bwd_bench)
       timeout 420 python3 -m cute_attn bench --preset bwd --impls cute_attn fa4 sdpa-cudnn \
           --reps 20 --out "$OUT/bench_bwd_$gpu.json" > "$OUT/bench_bwd.log" 2>&1 ;;
+    bwd192_bench)
+      timeout 400 python3 -m cute_attn bench --preset full --filter bwd d192 --impls cute_attn \
+          fa4 sdpa-cudnn --reps 20 --out "$OUT/bench_bwd_d192_$gpu.json" \
+          > "$OUT/bench_bwd_d192.log" 2>&1 ;;
     host)
       timeout 120 python3 scripts/host_overhead.py --tiny-only \
           --out "$OUT/host_overhead_tiny_$gpu.json" > "$OUT/host_overhead_tiny.log" 2>&1
@@ -530,6 +536,7 @@ for step in "${steps[@]}"; do
     decode_bench) tail -22 "$OUT/bench_decode_graph.log" ;;
     fwd_bench) grep -E "cute_attn|^row" "$OUT/bench_fwd_prefill.log" | tail -20 ;;
     bwd_bench) grep -E "cute_attn|^row" "$OUT/bench_bwd.log" | tail -20 ;;
+    bwd192_bench) grep -E "^bwd" "$OUT/bench_bwd_d192.log" | tail -36 ;;
     postov_rest) tail -6 "$OUT/gpu_tests_post_overlap_rest.log" ;;
     preov_ab) tail -30 "$OUT/tune_bwd_pre_overlap.log" ;;
     preov_ab2) tail -17 "$OUT/tune_bwd_pre_overlap_b.log" ;;
