@@ -369,6 +369,46 @@ def test_bwd_tail_split_model(monkeypatch):
     assert chosen and chosen[0][1] > 1 and chosen[0][0] == (26 * h) % sms, chosen
 
 
+# post_overlap and pre_overlap past D = 128 (the table takes them up to 128; gpu_pending.sh
+# wide_ov_ab times them on the wide tiles): the main kernel counts its CTAs' landed dQ adds
+# for the waiting postprocess and waits for the persistent preprocess's rows a query head.
+# Against the reference on every mask, softcap and the deterministic order (bitwise over
+# runs), GQA, odd lengths; then on six heads of longer walks, fp16 too, and with tail_split's
+# parts (a split tile counts itself done once, by its last part)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(192, 192), (192, 128), (256, 256)])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"causal": True}, {"window_size": (100, 50)}, {"softcap": 5.0},
+     {"deterministic": True}, {"deterministic": True, "causal": True}],
+)  # fmt: skip
+def test_bwd_overlaps_wide(monkeypatch, built_bwd_keys, dims, kw):
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    force_bwd_tile(monkeypatch, post_overlap=True, pre_overlap=True)
+    q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
+    _check(q, k, v, dout, **kw)
+    if kw.get("deterministic"):
+        _assert_bitwise(q, k, v, dout, 3, **kw)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.post_overlap and c.pre_overlap for c in cfgs), cfgs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(192, 192), (256, 256)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("split", [False, True])
+def test_bwd_overlaps_wide_long(monkeypatch, dims, causal, split):
+    force_bwd_tile(monkeypatch, post_overlap=True, pre_overlap=True)
+    if split:  # (the forces compose: this one wraps the one above)
+        launched = _force_tail_split(monkeypatch, lambda tiles: (tiles // 3, 3))
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v, dout = _inputs(2, 1000, 1100, 6, 6, *dims, dtype)
+        _check(q, k, v, dout, causal=causal)
+    if split:
+        assert launched and all(0 < s[0] and s[1] == 3 for s in launched), launched
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 256])
 def test_bwd_det_poll_early_group_heads(monkeypatch, grouped_heads, d):
