@@ -775,7 +775,7 @@ def keep():
 out = {}
 for det in (False, True):
     cfg = bwd_tile_config(128, 128, False, False, deterministic=det)
-    spec = BwdSpec("bfloat16", 128, 128, 8, 8, det, False, False, cfg)
+    spec = BwdSpec("bfloat16", 128, 128, 8, 8, False, False, False, cfg, deterministic=det)
     sass = _sass(compile_bwd(spec, keep()).__cubin__)
     out["det" if det else "main"] = {
         "sass": bool(sass), "on": cfg.post_overlap, "pre_on": cfg.pre_overlap,
@@ -819,6 +819,48 @@ def test_bwd_overlaps_reach_every_kernel(tmp_path):
     assert r["post"]["poll"] >= 1 and r["post"]["sleep"] >= 1, r
     assert r["pre"]["trigger"] == 1 and r["pre"]["loads"] == 8, r
     assert r["pre"]["count"] >= 1 and r["pre"]["spills"] == 0, r
+
+
+# The wide tiles' main kernel and persistent preprocess built for sm_90a with both overlaps
+# forced (argv[1]: JSON [[d, dv, causal, deterministic], ...])
+_WIDE_OVERLAP_SNIPPET = r"""
+import dataclasses, json, os, re, sys, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd, compile_bwd_preprocess
+from cute_attn.arch.sm90.tile_config import bwd_tile_config
+def keep():
+    return f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
+out = {}
+for d, dv, causal, det in json.loads(sys.argv[1]):
+    cfg = bwd_tile_config(d, dv, causal, False, deterministic=det)
+    cfg = dataclasses.replace(cfg, post_overlap=True, pre_overlap=True)
+    spec = BwdSpec("bfloat16", d, dv, 8, 8, False, causal, False, cfg, deterministic=det)
+    sass = _sass(compile_bwd(spec, keep()).__cubin__)
+    pre = _sass(compile_bwd_preprocess("bfloat16", d, dv, keep(), persistent=True).__cubin__)
+    out[f"{d}-{dv}-{causal}-{det}"] = {
+        "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+        "trigger": sass.count("PREEXIT"), "poll": len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)),
+        "count": len(re.findall(r"(REDG|ATOMG)\.E\.ADD\.STRONG\.GPU", sass)),
+        "pre_spills": pre.count("STL") + pre.count("LDL"), "pre_trigger": pre.count("PREEXIT"),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_overlaps_wide_compile_spill_free(tmp_path):
+    # post_overlap / pre_overlap forced past D = 128 (D = 192's S = Q K^T tile, (192, 128),
+    # D = 256's dK^T / dV^T register tiles with the table's tail_split, the deterministic
+    # order): spill-free, the dependent launch allowed, the heads' counts polled and added
+    forms = [[192, 192, False, False], [192, 128, True, False], [256, 256, False, False],
+             [256, 256, True, True]]  # fmt: skip
+    r = run_json_snippet(_WIDE_OVERLAP_SNIPPET, tmp_path, json.dumps(forms), timeout=900)
+    if not next(iter(r.values()))["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for name, v in r.items():
+        assert v["spills"] == 0 and v["trigger"] == 1 and v["poll"] >= 2, (name, v)
+        assert v["count"] >= 1 and v["pre_spills"] == 0 and v["pre_trigger"] == 1, (name, v)
 
 
 # The deterministic kernel built for sm_90a with BwdTileConfig overrides, one build a form
