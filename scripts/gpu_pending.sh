@@ -302,14 +302,17 @@ for step in "${steps[@]}"; do
       # BwdTileConfig.post_overlap / pre_overlap past D = 128 (the table's up to 128): off (the
       # table), both, each alone; then on the unmasked rows that tail_split splits, with it:
       # the model's parts without / with both overlaps (under post_overlap the table's
-      # walk-length floor turns the split off at 4k, so ov_t is ov there) and 3 parts forced
+      # walk-length floor turns the split off at 4k, so ov_t is ov there) and 3 parts forced.
+      # D = 192 4k's grid is 13 waves and 4 key tiles (1,720 on 132 SMs): the model cuts
+      # those 4 in 4 parts each
       timeout 330 python3 scripts/tune_bwd_sm90.py --reps 10 \
           --shapes d192-4k,d192-4k-causal,d192v128-4k-causal,d256-4k,d256-4k-causal,d256-1k,\
 d192-1k-causal \
           --variant base= --variant ov=post_overlap=True,pre_overlap=True \
           --variant post=post_overlap=True --variant pre=pre_overlap=True \
           --out "$OUT/tune_bwd_wide_overlap_$gpu.json" > "$OUT/tune_bwd_wide_overlap.log" 2>&1
-      timeout 230 python3 scripts/tune_bwd_sm90.py --reps 10 --shapes d192-4k,d256-4k,d256-16k \
+      timeout 250 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d192-4k,d192-1k,d192v128-16k,d256-4k,d256-16k \
           --variant base=tail_split=False --variant t=tail_split=True \
           --variant ov=post_overlap=True,pre_overlap=True,tail_split=False \
           --variant ov_t=post_overlap=True,pre_overlap=True,tail_split=True \

@@ -73,6 +73,7 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d192v128-4k-causal": (4, 4096, 16, 192, True, None, 128),
     "d192v128-1k-causal": (8, 1024, 16, 192, True, None, 128),
     "d192v128-16k-causal": (1, 16384, 16, 192, True, None, 128),
+    "d192v128-16k": (1, 16384, 16, 192, False, None, 128),
     # GQA (32 query heads over 8 KV heads, a 6th field) and MQA, for group_heads
     "gqa-d128-16k-causal": (1, 16384, 32, 128, True, 8),
     "gqa-d128-4k": (4, 4096, 32, 128, False, 8),
