@@ -55,7 +55,8 @@
 #   split_ab    the same script: BwdTileConfig.tail_split off / on (the model's parts, and 2 / 3
 #               / 4 forced) on the bench's unmasked rows; split_tests: its tests (79)
 #   wide_ov_ab  the same script: BwdTileConfig.post_overlap / pre_overlap off (the table) / on
-#               past D = 128, with tail_split where it applies; wide_ov_tests: their tests (32)
+#               past D = 128, and tail_split at D = 192 with and without them; wide_ov_tests:
+#               the overlaps' tests (32)
 #   pe_quick    pe_ab's and dq2_ab's main rows in one call (D = 256 4k causal and 4k, D = 192
 #               4k causal)
 #   dq2_ab      the same script at D = 256, deterministic: one Q stage with a dQ staging
@@ -299,24 +300,21 @@ for step in "${steps[@]}"; do
           --variant det_w3pe=deterministic=1,dq_writers=3,det_poll_early=True \
           --out "$OUT/tune_bwd_poll_early_$gpu.json" > "$OUT/tune_bwd_poll_early.log" 2>&1 ;;
     wide_ov_ab)
-      # BwdTileConfig.post_overlap / pre_overlap past D = 128 (the table's up to 128): off (the
-      # table), both, each alone; then on the unmasked rows that tail_split splits, with it:
-      # the model's parts without / with both overlaps (under post_overlap the table's
-      # walk-length floor turns the split off at 4k, so ov_t is ov there) and 3 parts forced.
-      # D = 192 4k's grid is 13 waves and 4 key tiles (1,720 on 132 SMs): the model cuts
-      # those 4 in 4 parts each
-      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d192-4k,d192-4k-causal,d192v128-4k-causal,d256-4k,d256-4k-causal,d256-1k,\
-d192-1k-causal \
+      # BwdTileConfig.post_overlap / pre_overlap (both) past D = 128 (the table's up to 128)
+      # off (the table) / on; then on the unmasked rows whose last wave tail_split's model
+      # splits: without / with it (the model's parts), each without / with both overlaps
+      # (under post_overlap the table's walk-length floor turns the split off at 4k, so ov_t
+      # is ov there). D = 192 4k's grid is 13 waves and 4 key tiles (1,720 on 132 SMs): the
+      # model cuts those 4 in 4 parts each
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d192-4k-causal,d192v128-4k-causal,d256-4k-causal,d192-1k-causal,d256-1k \
           --variant base= --variant ov=post_overlap=True,pre_overlap=True \
-          --variant post=post_overlap=True --variant pre=pre_overlap=True \
           --out "$OUT/tune_bwd_wide_overlap_$gpu.json" > "$OUT/tune_bwd_wide_overlap.log" 2>&1
-      timeout 250 python3 scripts/tune_bwd_sm90.py --reps 10 \
+      timeout 280 python3 scripts/tune_bwd_sm90.py --reps 10 \
           --shapes d192-4k,d192-1k,d192v128-16k,d256-4k,d256-16k \
           --variant base=tail_split=False --variant t=tail_split=True \
           --variant ov=post_overlap=True,pre_overlap=True,tail_split=False \
           --variant ov_t=post_overlap=True,pre_overlap=True,tail_split=True \
-          --variant ov_t3=post_overlap=True,pre_overlap=True,tail_split=True,tail_parts=3 \
           --out "$OUT/tune_bwd_wide_overlap_split_$gpu.json" \
           > "$OUT/tune_bwd_wide_overlap_split.log" 2>&1 ;;
     wide_ov_tests)
@@ -589,8 +587,8 @@ for step in "${steps[@]}"; do
     split_tests) tail -6 "$OUT/gpu_tests_tail_split.log" ;;
     dq2_ab) tail -18 "$OUT/tune_bwd_d256_dq2.log" ;;
     pe_quick) tail -18 "$OUT/tune_bwd_poll_early_quick.log" ;;
-    wide_ov_ab) tail -30 "$OUT/tune_bwd_wide_overlap.log"
-      tail -16 "$OUT/tune_bwd_wide_overlap_split.log" ;;
+    wide_ov_ab) tail -12 "$OUT/tune_bwd_wide_overlap.log"
+      tail -22 "$OUT/tune_bwd_wide_overlap_split.log" ;;
     wide_ov_tests) tail -6 "$OUT/gpu_tests_wide_overlap.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
