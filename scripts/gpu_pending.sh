@@ -54,9 +54,10 @@
 #               pe_tests: its tests (29)
 #   split_ab    the same script: BwdTileConfig.tail_split off / on (the model's parts, and 2 / 3
 #               / 4 forced) on the bench's unmasked rows; split_tests: its tests (79)
-#   wide_ov_ab  the same script: BwdTileConfig.post_overlap / pre_overlap off (the table) / on
-#               past D = 128, and tail_split at D = 192 with and without them; wide_ov_tests:
-#               the overlaps' tests (32)
+#   balance_ab  the same script: BwdTileConfig.post_overlap / pre_overlap off (the table) / on
+#               past D = 128 and l2_last_sections 1 / 2 / 4 on causal rows; tail_split at
+#               D = 192 without / with the overlaps on unmasked ones; balance_tests: their
+#               tests (34)
 #   pe_quick    pe_ab's and dq2_ab's main rows in one call (D = 256 4k causal and 4k, D = 192
 #               4k causal)
 #   dq2_ab      the same script at D = 256, deterministic: one Q stage with a dQ staging
@@ -299,28 +300,33 @@ for step in "${steps[@]}"; do
           --variant det_w3=deterministic=1,dq_writers=3 \
           --variant det_w3pe=deterministic=1,dq_writers=3,det_poll_early=True \
           --out "$OUT/tune_bwd_poll_early_$gpu.json" > "$OUT/tune_bwd_poll_early.log" 2>&1 ;;
-    wide_ov_ab)
-      # BwdTileConfig.post_overlap / pre_overlap (both) past D = 128 (the table's up to 128)
-      # off (the table) / on; then on the unmasked rows whose last wave tail_split's model
-      # splits: without / with it (the model's parts), each without / with both overlaps
-      # (under post_overlap the table's walk-length floor turns the split off at 4k, so ov_t
-      # is ov there). D = 192 4k's grid is 13 waves and 4 key tiles (1,720 on 132 SMs): the
-      # model cuts those 4 in 4 parts each
-      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d192-4k-causal,d192v128-4k-causal,d256-4k-causal,d192-1k-causal,d256-1k \
+    balance_ab)
+      # the grid's last wave, three ways (scripts/tune_bwd_sm90.py, round-robin). Causal rows:
+      # the table / both overlaps (BwdTileConfig.post_overlap, pre_overlap; the table's up to
+      # D = 128) / the last 2 or 4 L2 sections launched as one (l2_last_sections; a list-
+      # scheduling model puts the table's order 1.5-4% over the ideal on the first five rows,
+      # 0.5-1.5% with them; D = 256 4k: 0.2%, a control). Unmasked rows whose last wave tail_split's model splits: without / with it,
+      # each without / with both overlaps (under post_overlap the walk-length floor turns the
+      # split off at 4k, so ov_t is ov there); D = 192 4k's grid is 13 waves and 4 key tiles
+      # (1,720 on 132 SMs), which the model cuts in 4 parts each
+      timeout 320 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d96-16k-causal,d192-4k-causal,d192-16k-causal,d192v128-16k-causal,\
+d192v128-4k-causal,d256-4k-causal \
           --variant base= --variant ov=post_overlap=True,pre_overlap=True \
-          --out "$OUT/tune_bwd_wide_overlap_$gpu.json" > "$OUT/tune_bwd_wide_overlap.log" 2>&1
-      timeout 280 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d192-4k,d192-1k,d192v128-16k,d256-4k,d256-16k \
+          --variant ls2=l2_last_sections=2 --variant ls4=l2_last_sections=4 \
+          --out "$OUT/tune_bwd_balance_causal_$gpu.json" > "$OUT/tune_bwd_balance_causal.log" 2>&1
+      timeout 260 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d192-4k,d192v128-16k,d256-4k,d256-16k \
           --variant base=tail_split=False --variant t=tail_split=True \
           --variant ov=post_overlap=True,pre_overlap=True,tail_split=False \
           --variant ov_t=post_overlap=True,pre_overlap=True,tail_split=True \
-          --out "$OUT/tune_bwd_wide_overlap_split_$gpu.json" \
-          > "$OUT/tune_bwd_wide_overlap_split.log" 2>&1 ;;
-    wide_ov_tests)
-      # their tests (32): D = 192 / (192, 128) / 256 with both overlaps forced, every mask,
-      # softcap, deterministic bitwise, longer walks, fp16, with tail_split's parts
-      gpu_tests 450 gpu_tests_wide_overlap.log tests/test_bwd_sm90.py -vv -k "overlaps_wide" ;;
+          --out "$OUT/tune_bwd_balance_split_$gpu.json" > "$OUT/tune_bwd_balance_split.log" 2>&1 ;;
+    balance_tests)
+      # their tests (34): D = 192 / (192, 128) / 256 with both overlaps forced (every mask,
+      # softcap, deterministic bitwise, longer walks, fp16, with tail_split's parts) and the
+      # last L2 sections merged (causal; unmasked deterministic, bitwise)
+      gpu_tests 450 gpu_tests_balance.log tests/test_bwd_sm90.py -vv \
+          -k "overlaps_wide or l2_last_sections" ;;
     pe_quick)
       # one call's worth of pe_ab and dq2_ab: D = 256 4k causal (the issue's 0.85 row) and
       # 4k, D = 192 4k causal; det_poll_early with two and three writers, and with D = 256's
@@ -587,9 +593,9 @@ for step in "${steps[@]}"; do
     split_tests) tail -6 "$OUT/gpu_tests_tail_split.log" ;;
     dq2_ab) tail -18 "$OUT/tune_bwd_d256_dq2.log" ;;
     pe_quick) tail -18 "$OUT/tune_bwd_poll_early_quick.log" ;;
-    wide_ov_ab) tail -12 "$OUT/tune_bwd_wide_overlap.log"
-      tail -22 "$OUT/tune_bwd_wide_overlap_split.log" ;;
-    wide_ov_tests) tail -6 "$OUT/gpu_tests_wide_overlap.log" ;;
+    balance_ab) tail -26 "$OUT/tune_bwd_balance_causal.log"
+      tail -18 "$OUT/tune_bwd_balance_split.log" ;;
+    balance_tests) tail -6 "$OUT/gpu_tests_balance.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;

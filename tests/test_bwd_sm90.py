@@ -243,6 +243,28 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
     }, built_bwd_keys
 
 
+# BwdTileConfig.l2_last_sections: sections of two (head, batch) pairs (a budget of three
+# pairs' bytes) over 9 pairs, the last 2 / 3 sections (the partial one among them) launched
+# as one; causal, and the unmasked deterministic order, whose turns wait for the rank before
+# (the merged section still launches it first), bitwise over runs
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(96, 96), (128, 128), (192, 128), (256, 256)])
+@pytest.mark.parametrize("last", [2, 3])
+def test_bwd_l2_last_sections(monkeypatch, built_bwd_keys, dims, last):
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+
+    d, dv = dims
+    sq = 457
+    budget = 3 * sq * (6 * d + 2 * dv + 8)  # FlashBwdSm90.l2_row_bytes a query row
+    force_bwd_tile(monkeypatch, l2_section_bytes=budget, l2_last_sections=last, tail_split=False)
+    _check(*_inputs(3, sq, 300, 3, 3, d, dv, torch.bfloat16), causal=True)
+    q, k, v, dout = _inputs(3, sq, 1000, 3, 3, d, dv, torch.bfloat16)
+    _check(q, k, v, dout, deterministic=True)
+    _assert_bitwise(q, k, v, dout, 3, deterministic=True)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.l2_last_sections == last for c in cfgs), cfgs
+
+
 # BwdTileConfig.dq_writers = 2 / 3: the writer warps take the query tiles in turn, each
 # handed its tiles on barriers of its own (the consumers pick them by Q stage with two
 # writers on two stages, by counting the walk with three); against the

@@ -565,7 +565,7 @@ class FlashBwdSm90(BwdDqWriter):
                 rows = num_n_blocks * tn
             sections = L2Sections.create(
                 num_n_blocks, grid_heads * num_batch, rows, self.l2_row_bytes,
-                self.config.l2_section_bytes,
+                self.config.l2_section_bytes, last_sections=self.config.l2_last_sections,
             )  # fmt: skip
         self.kernel(
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,

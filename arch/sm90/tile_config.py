@@ -879,8 +879,14 @@ class BwdTileConfig:
     # Not in the deterministic order (its dQ turns are per key tile), L2 sections (their
     # launch order), packed sequences or group_heads
     tail_split: bool = False
+    # L2 sections: the grid's last k sections launched as one (rank-major over their pairs),
+    # so the last pairs' longest key tiles start before the grid's last wave, not in it; their
+    # working set is k sections' while they run (arch/common/schedule.py, L2Sections.create)
+    l2_last_sections: int = 1
 
     def __post_init__(self):
+        if self.l2_last_sections < 1 or (self.l2_last_sections > 1 and not self.l2_section_bytes):
+            raise ValueError(f"l2_last_sections {self.l2_last_sections}: 1, or more with sections")
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):
             raise ValueError(
                 "s_under_dk is built for the dK / dV register tiles in one loop: no dkv_swap_ab"
