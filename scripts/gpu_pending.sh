@@ -309,14 +309,14 @@ for step in "${steps[@]}"; do
       # each without / with both overlaps (under post_overlap the walk-length floor turns the
       # split off at 4k, so ov_t is ov there); D = 192 4k's grid is 13 waves and 4 key tiles
       # (1,720 on 132 SMs), which the model cuts in 4 parts each
-      timeout 320 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d96-16k-causal,d192-4k-causal,d192-16k-causal,d192v128-16k-causal,\
-d192v128-4k-causal,d256-4k-causal \
+      timeout ${BALANCE_CAUSAL_LIMIT:-300} python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes ${BALANCE_CAUSAL_SHAPES:-d96-16k-causal,d192-4k-causal,d192-16k-causal,\
+d192v128-16k-causal,d192v128-4k-causal,d256-4k-causal} \
           --variant base= --variant ov=post_overlap=True,pre_overlap=True \
           --variant ls2=l2_last_sections=2 --variant ls4=l2_last_sections=4 \
           --out "$OUT/tune_bwd_balance_causal_$gpu.json" > "$OUT/tune_bwd_balance_causal.log" 2>&1
-      timeout 260 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d192-4k,d192v128-16k,d256-4k,d256-16k \
+      timeout ${BALANCE_SPLIT_LIMIT:-260} python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes ${BALANCE_SPLIT_SHAPES:-d192-4k,d192v128-16k,d256-4k,d256-16k} \
           --variant base=tail_split=False --variant t=tail_split=True \
           --variant ov=post_overlap=True,pre_overlap=True,tail_split=False \
           --variant ov_t=post_overlap=True,pre_overlap=True,tail_split=True \
