@@ -304,12 +304,13 @@ for step in "${steps[@]}"; do
       # the grid's last wave, three ways (scripts/tune_bwd_sm90.py, round-robin). Causal rows:
       # the table / both overlaps (BwdTileConfig.post_overlap, pre_overlap; the table's up to
       # D = 128) / the last 2 or 4 L2 sections launched as one (l2_last_sections; the list-
-      # scheduling model of scripts/sim_bwd_launch.py --bench puts the table's order 1.5-4% over the ideal on the first five rows,
-      # 0.5-1.5% with them; D = 256 4k: 0.2%, a control; each row's lines are logged as it
-      # ends, so a run cut by its limit keeps the rows before). Unmasked rows whose last wave tail_split's model splits: without / with it,
-      # each without / with both overlaps (under post_overlap the walk-length floor turns the
-      # split off at 4k, so ov_t is ov there); D = 192 4k's grid is 13 waves and 4 key tiles
-      # (1,720 on 132 SMs), which the model cuts in 4 parts each
+      # scheduling model of scripts/sim_bwd_launch.py --bench puts the table's order 1.5-4%
+      # over the ideal on the first five rows, 0.5-1.5% with them; D = 256 4k: 0.2%, a
+      # control; each row's lines are logged as it ends, so a run cut by its limit keeps the
+      # rows before). Unmasked rows whose last wave tail_split's model splits: without / with
+      # it, each without / with both overlaps (under post_overlap the walk-length floor turns
+      # the split off at 4k, so ov_t is ov there); D = 192 4k's grid is 13 waves and 4 key
+      # tiles (1,720 on 132 SMs), which the model cuts in 4 parts each
       timeout ${BALANCE_CAUSAL_LIMIT:-300} python3 scripts/tune_bwd_sm90.py --reps 10 \
           --shapes ${BALANCE_CAUSAL_SHAPES:-d192-4k-causal,d192-16k-causal,d96-16k-causal,\
 d192v128-16k-causal,d192v128-4k-causal,d256-4k-causal} \

@@ -4,9 +4,9 @@
   `l2_section_coords` maps the grid's linear CTA index onto every (block, head, batch)
   exactly once, block-rank-major inside each section of 2^log_width (head, batch) pairs,
   with the pairs of a section consecutive and the last, partial section last (or the last
-  k sections as one, `last_sections`); `reverse`
-  gives the block of rank r as blocks - 1 - r; a pair's block of rank r - 1 is launched
-  before its block of rank r (the backward's deterministic turns rely on it).
+  k sections as one, `last_sections`); `reverse` gives the block of rank r as blocks - 1 - r;
+  a pair's block of rank r - 1 is launched before its block of rank r (the backward's
+  deterministic turns rely on it).
 * The backward's tail split: `tail_split_coords` (arch/common/schedule.py) names every key
   tile before the tail once, whole and in the plain grid's order, and every tile of the tail
   once per part; `tail_split`'s model (arch/common/tail_model.py) against a brute-force list
