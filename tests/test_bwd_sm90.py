@@ -392,7 +392,7 @@ def test_bwd_tail_split_model(monkeypatch):
 
 
 # post_overlap and pre_overlap past D = 128 (the table takes them up to 128; gpu_pending.sh
-# wide_ov_ab times them on the wide tiles): the main kernel counts its CTAs' landed dQ adds
+# balance_ab times them on the wide tiles): the main kernel counts its CTAs' landed dQ adds
 # for the waiting postprocess and waits for the persistent preprocess's rows a query head.
 # Against the reference on every mask, softcap and the deterministic order (bitwise over
 # runs), GQA, odd lengths; then on six heads of longer walks, fp16 too, and with tail_split's
