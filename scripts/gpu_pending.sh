@@ -304,7 +304,7 @@ for step in "${steps[@]}"; do
       # the grid's last wave, three ways (scripts/tune_bwd_sm90.py, round-robin). Causal rows:
       # the table / both overlaps (BwdTileConfig.post_overlap, pre_overlap; the table's up to
       # D = 128) / the last 2 or 4 L2 sections launched as one (l2_last_sections; the list-
-      # scheduling model of scripts/sim_bwd_launch.py --bench puts the table's order 1.5-4%
+      # scheduling model of scripts/sim_bwd_launch.py --bench puts the table's order 1.5-4.2%
       # over the ideal on the first five rows, 0.5-1.5% with them; D = 256 4k: 0.2%, a
       # control; each row's lines are logged as it ends, so a run cut by its limit keeps the
       # rows before). Unmasked rows whose last wave tail_split's model splits: without / with
