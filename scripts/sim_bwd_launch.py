@@ -80,7 +80,7 @@ def sections_order(pairs, tiles, width, last):
 
 
 def bench_table(sms, overhead, lasts):
-    from cute_attn.arch.sm90.tile_config import bwd_short_rows, bwd_tile_config
+    from cute_attn.arch.sm90.tile_config import bwd_l2_row_bytes, bwd_short_rows, bwd_tile_config
 
     ks = " ".join(f"{'k=' + str(k):>7}" for k in lasts)
     print(f"{'row':<14} {'tile':>7} {'pairs/sec':>9} {ks} {'LPT':>7}   (grid end / ideal)")
@@ -94,7 +94,7 @@ def bench_table(sms, overhead, lasts):
                 return num_m - n * cfg.tile_n // cfg.tile_m
 
             pairs, width = heads * batch, 1
-            pair_bytes = seqlen * (6 * d + 2 * dv + 8)  # FlashBwdSm90.l2_row_bytes a row
+            pair_bytes = seqlen * bwd_l2_row_bytes(d, dv)
             while cfg.l2_section_bytes and 2 * width * pair_bytes <= cfg.l2_section_bytes:
                 width *= 2
             ideal = pairs * sum(walk(n) + overhead for n in range(tiles)) / sms

@@ -251,11 +251,11 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
 @pytest.mark.parametrize("dims", [(96, 96), (128, 128), (192, 128), (256, 256)])
 @pytest.mark.parametrize("last", [2, 3])
 def test_bwd_l2_last_sections(monkeypatch, built_bwd_keys, dims, last):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_l2_row_bytes
 
     d, dv = dims
     sq = 457
-    budget = 3 * sq * (6 * d + 2 * dv + 8)  # FlashBwdSm90.l2_row_bytes a query row
+    budget = 3 * sq * bwd_l2_row_bytes(d, dv)
     force_bwd_tile(monkeypatch, l2_section_bytes=budget, l2_last_sections=last, tail_split=False)
     _check(*_inputs(3, sq, 300, 3, 3, d, dv, torch.bfloat16), causal=True)
     q, k, v, dout = _inputs(3, sq, 1000, 3, 3, d, dv, torch.bfloat16)

@@ -121,7 +121,7 @@ from ..common.schedule import (
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .bwd_dq_writer import BwdDqWriter
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
-from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig
+from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig, bwd_l2_row_bytes
 
 DQ_SWIZZLE_ATOMS = {
     32: warpgroup.SmemLayoutAtomKind.K_SW32,
@@ -237,9 +237,7 @@ class FlashBwdSm90(BwdDqWriter):
         if cfg.num_mma_warpgroups != 2:
             raise ValueError("the backward splits dQ's head dim over exactly 2 warpgroups")
         self.l2_sections = cfg.l2_section_bytes > 0
-        # a (head, batch) pair's working set per query row: Q, dO, the fp32 dQ accumulator,
-        # lse and D of one query head (a group_heads CTA walks its query heads one at a time)
-        self.l2_row_bytes = 2 * self.head_dim + 2 * self.head_dim_v + 4 * self.head_dim + 8
+        self.l2_row_bytes = bwd_l2_row_bytes(self.head_dim, self.head_dim_v)
         # the head dims the tiles span: the tensors' own, or padded (BwdTileConfig)
         self.tile_d, self.tile_dv = cfg.tile_head_dims(self.head_dim, self.head_dim_v)
         # K's smem tile and dQ^T's head-dim rows: tile_d, or wider (BwdTileConfig.dq_head_dim)

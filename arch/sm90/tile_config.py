@@ -1019,6 +1019,14 @@ BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 2
 # the backward's L2 sections (bwd_tile_config) and the largest GQA group that a causal grid
 # runs grouped (bwd_group_heads)
 BWD_L2_SECTION_BYTES = 32 * 1024 * 1024
+
+
+def bwd_l2_row_bytes(head_dim: int, head_dim_v: int) -> int:
+    """An L2 section pair's working set a query row: Q, dO, the fp32 dQ accumulator, lse and
+    D of one query head (a group_heads CTA walks its query heads one at a time)."""
+    return 2 * head_dim + 2 * head_dim_v + 4 * head_dim + 8
+
+
 BWD_GROUP_MAX_MASKED = 4
 # the longest dense query lengths that take the short-rows tiles (bwd_short_rows): causal at
 # D = 128, causal at D = 96, unmasked at D = 96
