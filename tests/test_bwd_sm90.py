@@ -208,7 +208,8 @@ def test_bwd_l2_sections_cover_every_tile(monkeypatch, grouped_heads, d, heads):
     from cute_attn.bwd_sm90 import _bwd_key
 
     sq = 457
-    monkeypatch.setattr(tc, "BWD_L2_SECTION_BYTES", 3 * sq * (8 * d + 8))
+    budget = 3 * sq * tc.bwd_l2_row_bytes(d, d)  # three pairs' bytes: sections of two
+    monkeypatch.setattr(tc, "BWD_L2_SECTION_BYTES", budget)
     _bwd_key.cache_clear()
     try:
         _check(*_inputs(3, sq, 300, *heads, d, d, torch.bfloat16), causal=True)
@@ -216,7 +217,7 @@ def test_bwd_l2_sections_cover_every_tile(monkeypatch, grouped_heads, d, heads):
         _bwd_key.cache_clear()
     (key,) = grouped_heads
     assert key.group_heads == (heads[0] > heads[1]), key
-    assert tc.BwdTileConfig(*key.tile).l2_section_bytes == 3 * sq * (8 * d + 8), key
+    assert tc.BwdTileConfig(*key.tile).l2_section_bytes == budget, key
 
 
 # The unmasked deterministic order in sections of two (head, batch) pairs and a partial last
@@ -228,7 +229,7 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
     import cute_attn.arch.sm90.tile_config as tc
     from cute_attn.bwd_sm90 import _bwd_key
 
-    sq, pair_bytes = 457, 457 * (8 * d + 8)
+    sq, pair_bytes = 457, 457 * tc.bwd_l2_row_bytes(d, d)
     # D = 96 takes half the table's budget: 3 pairs' bytes either way (a section of 2)
     monkeypatch.setattr(tc, "BWD_L2_SECTION_BYTES", (6 if d == 96 else 3) * pair_bytes)
     _bwd_key.cache_clear()
