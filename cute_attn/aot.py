@@ -159,11 +159,9 @@ def _sass(cubin: bytes) -> str:
 def _variant_problems(head_dims, dtypes, heads):
     """(name, kind, problem, inputs) for every forward and backward variant in the tuning
     tables; inputs is the forward's InputFeatures fields (empty: dense)."""
+    from .arch.sm90.bwd_tiles import BWD_HEAD_DIMS, bwd_group_heads, bwd_short_rows
     from .arch.sm90.tile_config import (
-        BWD_HEAD_DIMS,
         SUPPORTED_HEAD_DIMS,
-        bwd_group_heads,
-        bwd_short_rows,
         fwd_pack_gqa_wide,
         fwd_persistent,
         fwd_split_cluster,
@@ -364,7 +362,8 @@ def _aux_jobs(arch, head_dims, dtypes):
     ones: one split-KV combine per dtype and head_dim_v of the selected head dims, every
     index-check set, and the backward's pre/postprocess per dtype and head-dim pair (dense,
     and packed for each tile_m the backward table uses at that pair)."""
-    from .arch.sm90.tile_config import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, bwd_tile_config
+    from .arch.sm90.bwd_tiles import BWD_HEAD_DIMS, bwd_tile_config
+    from .arch.sm90.tile_config import SUPPORTED_HEAD_DIMS
     from .bwd_sm90 import _aux_keys, _flat_fields, build_bwd_aux
     from .fwd_sm90 import CombineKey, IndexCheckKey, build_combine, build_index_check
 

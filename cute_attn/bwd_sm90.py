@@ -14,9 +14,9 @@ around it, all on the caller's stream:
     GQA / MQA dK and dV (written per query head) are summed in fp32 over the query heads
     sharing a KV head by torch, unless the key's `group_heads` variant ran (a CTA
     per KV head walking its query heads, the sum in the kernel's registers; chosen by
-    `runtime_bwd_key` from the grid size, tile_config.bwd_group_heads). runtime_bwd_key also
+    `runtime_bwd_key` from the grid size, bwd_tiles.bwd_group_heads). runtime_bwd_key also
     puts dense causal calls of at most 2k query rows at D = 96 / 128 on 64-row tiles
-    (tile_config.bwd_short_rows).
+    (bwd_tiles.bwd_short_rows).
 
 `backward(...)` is the entry the autograd formulas call: SM90 kernel when it serves the
 problem, else the reference's analytic backward (recorded in `last_dispatch()`, warned once).
@@ -37,7 +37,7 @@ import torch
 from . import dispatch, reference
 from .arch.common.dq_flat import DqFlatTile
 from .arch.common.tail_model import tail_split
-from .arch.sm90.tile_config import (
+from .arch.sm90.bwd_tiles import (
     BWD_HEAD_DIMS,
     BWD_PRE_CTAS,
     BWD_TAIL_FIXUP_STEPS,
@@ -71,7 +71,7 @@ class BwdKey(Sm90Key):
     tile: tuple  # dataclasses.astuple(BwdTileConfig)
     varlen: bool = False  # packed by cu_seqlens_q / cu_seqlens_k (presence, not values)
     # GQA / MQA: a CTA per KV head walks its query heads, dK / dV summed in the kernel
-    # (tile_config.bwd_group_heads picks it from the grid size)
+    # (bwd_tiles.bwd_group_heads picks it from the grid size)
     group_heads: bool = False
 
 
@@ -79,7 +79,7 @@ def bwd_key(
     p: AttnProblem, arch: str = ARCH, group_heads: bool = False, short: bool = False
 ) -> BwdKey:
     """The key of p's backward variant; `group_heads` and `short` are the run-time buckets
-    (tile_config.bwd_group_heads, bwd_short_rows) that runtime_bwd_key decides."""
+    (bwd_tiles.bwd_group_heads, bwd_short_rows) that runtime_bwd_key decides."""
     return _bwd_key(arch, *static_features(p), p.deterministic, p.varlen, group_heads, short)
 
 
@@ -280,7 +280,7 @@ def run_bwd(
 ):  # fmt: skip
     """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log.
     `key`: a variant other than the tuning table's, `pre_ctas`: a persistent preprocess grid
-    other than tile_config.BWD_PRE_CTAS, `tail`: (tail tiles, parts) for a tail_split variant
+    other than bwd_tiles.BWD_PRE_CTAS, `tail`: (tail tiles, parts) for a tail_split variant
     other than its model's (scripts/tune_bwd_sm90.py, the GPU tests)."""
     b, sq, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]

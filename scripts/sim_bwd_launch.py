@@ -20,11 +20,14 @@ the default order, whatever the lag; staggering or sectioning the pairs only rea
 (tile_m rows against tile_n keys, so key tile n walks ceil(S / tile_m) - n * tile_n // tile_m
 query tiles) and L2 section widths, a CTA costing its walk plus `--overhead` (prologue and
 dK / dV epilogue, in query-tile steps), and the last k sections launched as one
-(BwdTileConfig.l2_last_sections): grid end over the ideal, for each k and for the whole grid
-longest first (LPT: one section of every pair, 33-42% slower at 4k in the twenty-fifth
-session for its L2 misses, which the model does not have). D = 64's table has no sections:
-its k columns are sections of one pair. A model, not a measurement: it says where to look
-(scripts/gpu_pending.sh balance_ab times it; docs/perf/causal_balance_model_s65.txt).
+(BwdTileConfig.l2_last_sections, which the kernel applies only to sections of at most
+BWD_L2_LAST_MAX_PAIRS pairs; the model likewise): grid end over the ideal, for each k and
+for the whole grid longest first (LPT: one section of every pair, 33-42% slower at 4k in
+the twenty-fifth session for its L2 misses, which the model does not have). D = 64's table
+has no sections: its k columns are sections of one pair. A model, not a measurement: it
+says where to look (scripts/gpu_pending.sh balance_ab timed it on an H100 in the
+sixty-sixth session, docs/perf/tune_bwd_balance_causal_s66_h100.json;
+docs/perf/causal_balance_model_s65.txt, _s66.txt).
 
     python scripts/sim_bwd_launch.py --bench [--overhead 3] [--last 1 2 3 4]
 """
@@ -80,7 +83,12 @@ def sections_order(pairs, tiles, width, last):
 
 
 def bench_table(sms, overhead, lasts):
-    from cute_attn.arch.sm90.tile_config import bwd_l2_row_bytes, bwd_short_rows, bwd_tile_config
+    from cute_attn.arch.sm90.bwd_tiles import (
+        BWD_L2_LAST_MAX_PAIRS,
+        bwd_l2_row_bytes,
+        bwd_short_rows,
+        bwd_tile_config,
+    )
 
     ks = " ".join(f"{'k=' + str(k):>7}" for k in lasts)
     print(f"{'row':<14} {'tile':>7} {'pairs/sec':>9} {ks} {'LPT':>7}   (grid end / ideal)")
@@ -98,8 +106,9 @@ def bench_table(sms, overhead, lasts):
             while cfg.l2_section_bytes and 2 * width * pair_bytes <= cfg.l2_section_bytes:
                 width *= 2
             ideal = pairs * sum(walk(n) + overhead for n in range(tiles)) / sms
-            ends = [makespan(sections_order(pairs, tiles, width, k), tiles, sms, None, walk,
-                             overhead) for k in lasts]  # fmt: skip
+            merge = width <= BWD_L2_LAST_MAX_PAIRS  # L2Sections.create's last_max_pairs
+            ends = [makespan(sections_order(pairs, tiles, width, k if merge else 1), tiles, sms,
+                             None, walk, overhead) for k in lasts]  # fmt: skip
             lpt = sorted(sections_order(pairs, tiles, width, 1), key=lambda pn: pn[1])
             ends.append(makespan(lpt, tiles, sms, None, walk, overhead))
             ratios = " ".join(f"{e / ideal:7.4f}" for e in ends)

@@ -24,7 +24,7 @@ import statistics
 import torch
 
 from cute_attn import api, validation
-from cute_attn.arch.sm90.tile_config import BwdTileConfig
+from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 from cute_attn.bench import visible_pairs
 from cute_attn.bwd_sm90 import bwd_key, run_bwd, run_bwd_varlen
 from cute_attn.fwd_sm90 import run_fwd

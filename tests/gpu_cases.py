@@ -109,7 +109,7 @@ def force_bwd_tile(monkeypatch, when=lambda p: True, **fields):
     """Backward keys whose problem `when` accepts take these BwdTileConfig fields, whatever
     the tuning table says (the backward asks bwd_key on every call: no memo to clear)."""
     import cute_attn.bwd_sm90 as host
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     table = host.bwd_key
 

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from cute_attn.arch.common.dq_flat import DqFlatTile, flat_coords
-from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
 
 
 def _table_flat_tiles():

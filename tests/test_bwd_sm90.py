@@ -160,7 +160,7 @@ def test_bwd_group_heads_lse_gradient(grouped_heads):
 
 
 # dense causal calls of at most 2k query rows at D = 128 (8k at D = 96) run 64-row tiles
-# with s_under_dk (tile_config.bwd_short_rows); "table" forces the taller tiles longer calls
+# with s_under_dk (bwd_tiles.bwd_short_rows); "table" forces the taller tiles longer calls
 # run onto the same shapes, so both kernels see the diagonal, residual tiles and odd lengths
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", ["auto", "table"])
@@ -170,7 +170,7 @@ def test_bwd_group_heads_lse_gradient(grouped_heads):
 )
 def test_bwd_causal_short_rows(monkeypatch, built_bwd_keys, rows, d, sq, sk):
     import cute_attn.bwd_sm90 as host
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     if rows == "table":
         monkeypatch.setattr(host, "bwd_short_rows", lambda *_: False)
@@ -188,7 +188,7 @@ def test_bwd_causal_short_rows(monkeypatch, built_bwd_keys, rows, d, sq, sk):
 @pytest.mark.parametrize("sq,sk", [(113, 203), (777, 1333), (1024, 1024), (1025, 999)])
 def test_bwd_unmasked_short_rows_d96(monkeypatch, built_bwd_keys, rows, sq, sk):
     import cute_attn.bwd_sm90 as host
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     if rows == "table":
         monkeypatch.setattr(host, "bwd_short_rows", lambda *_: False)
@@ -204,7 +204,7 @@ def test_bwd_unmasked_short_rows_d96(monkeypatch, built_bwd_keys, rows, sq, sk):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,heads", [(128, (3, 3)), (256, (3, 3)), (128, (6, 3))])
 def test_bwd_l2_sections_cover_every_tile(monkeypatch, grouped_heads, d, heads):
-    import cute_attn.arch.sm90.tile_config as tc
+    import cute_attn.arch.sm90.bwd_tiles as tc
     from cute_attn.bwd_sm90 import _bwd_key
 
     sq = 457
@@ -226,7 +226,7 @@ def test_bwd_l2_sections_cover_every_tile(monkeypatch, grouped_heads, d, heads):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
-    import cute_attn.arch.sm90.tile_config as tc
+    import cute_attn.arch.sm90.bwd_tiles as tc
     from cute_attn.bwd_sm90 import _bwd_key
 
     sq, pair_bytes = 457, 457 * tc.bwd_l2_row_bytes(d, d)
@@ -252,7 +252,7 @@ def test_bwd_deterministic_in_l2_sections(monkeypatch, built_bwd_keys, d):
 @pytest.mark.parametrize("dims", [(96, 96), (128, 128), (192, 128), (256, 256)])
 @pytest.mark.parametrize("last", [2, 3])
 def test_bwd_l2_last_sections(monkeypatch, built_bwd_keys, dims, last):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_l2_row_bytes
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig, bwd_l2_row_bytes
 
     d, dv = dims
     sq = 457
@@ -279,7 +279,7 @@ def test_bwd_l2_last_sections(monkeypatch, built_bwd_keys, dims, last):
 @pytest.mark.parametrize("det", [False, True])
 @pytest.mark.parametrize("writers", [2, 3])
 def test_bwd_dq_writers(monkeypatch, built_bwd_keys, dims, causal, det, writers):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     force_bwd_tile(monkeypatch, dq_writers=writers)
     q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
@@ -299,7 +299,7 @@ def test_bwd_dq_writers(monkeypatch, built_bwd_keys, dims, causal, det, writers)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("writers", [2, 3])
 def test_bwd_det_poll_early(monkeypatch, built_bwd_keys, dims, causal, writers):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     force_bwd_tile(monkeypatch, det_poll_early=True, dq_writers=writers)
     q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
@@ -342,7 +342,7 @@ def _assert_dkv_bitwise(q, k, v, dout, runs, **kw):
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 50)}, {"softcap": 5.0}])
 @pytest.mark.parametrize("parts", [2, 3, 4])
 def test_bwd_tail_split(monkeypatch, built_bwd_keys, dims, kw, parts):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     # every key tile split (each one's fixup), whatever the model says: 333 query rows over
     # 777 keys leave the causal mask's last key tiles one or two query tiles, so some parts
@@ -406,7 +406,7 @@ def test_bwd_tail_split_model(monkeypatch):
      {"deterministic": True}, {"deterministic": True, "causal": True}],
 )  # fmt: skip
 def test_bwd_overlaps_wide(monkeypatch, built_bwd_keys, dims, kw):
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
     force_bwd_tile(monkeypatch, post_overlap=True, pre_overlap=True)
     q, k, v, dout = _inputs(2, 333, 777, 4, 2, *dims, torch.bfloat16)
@@ -648,7 +648,7 @@ import dataclasses, json, os, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for split in (True, False):
     cfg = dataclasses.replace(bwd_tile_config(64, 64, True, False), split_mask_loops=split)
@@ -682,7 +682,7 @@ import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for name in ("False", "True", "d64", "d96"):
     det, d = name == "True", {"d64": 64, "d96": 96}.get(name, 128)
@@ -752,7 +752,7 @@ import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for name, group in (("dense", False), ("group", True)):
     cfg = bwd_tile_config(128, 128, False, False, group_heads=group)
@@ -792,7 +792,7 @@ os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import (BwdSpec, compile_bwd, compile_bwd_postprocess,
                                          compile_bwd_preprocess)
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 def keep():
     return f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
 out = {}
@@ -851,7 +851,7 @@ import dataclasses, json, os, re, sys, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd, compile_bwd_preprocess
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 def keep():
     return f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
 out = {}
@@ -894,7 +894,7 @@ import dataclasses, json, os, re, sys, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for d, causal, varlen, fields in json.loads(sys.argv[1]):
     cfg = bwd_tile_config(d, d, causal, False, deterministic=True, varlen=varlen)
@@ -956,7 +956,7 @@ import dataclasses, json, os, re, sys, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for d, dv, causal in json.loads(sys.argv[1]):
     cfg = bwd_tile_config(d, dv, causal, False)
@@ -1018,7 +1018,7 @@ import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for causal in (False, True):
     cfg = bwd_tile_config(96, 96, causal, False, softcap=True)
@@ -1052,7 +1052,7 @@ import json, os, re, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
-from cute_attn.arch.sm90.tile_config import bwd_tile_config
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
 for d, dv in ((256, 256), (192, 128)):
     cfg = bwd_tile_config(d, dv, True, False)

@@ -392,7 +392,7 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     assert len([r for r in bwd_aux if r["name"].endswith("wait_done")]) == 6, aux
     assert len([r for r in bwd_aux if r["name"].endswith("pre_overlap")]) == 6, aux
     # the GQA backward that walks a KV head's query heads, per head-dim pair (heads 8:2),
-    # unmasked and causal (in L2 sections; not D=64 causal, see tile_config.bwd_group_heads),
+    # unmasked and causal (in L2 sections; not D=64 causal, see bwd_tiles.bwd_group_heads),
     # and causal on packed sequences (from D=96 too)
     grouped = [r for r in rows if r["name"].endswith(" group_heads")]
     assert len([r for r in grouped if "varlen" not in r["name"]]) == 11, rows

@@ -4,7 +4,8 @@
   `l2_section_coords` maps the grid's linear CTA index onto every (block, head, batch)
   exactly once, block-rank-major inside each section of 2^log_width (head, batch) pairs,
   with the pairs of a section consecutive and the last, partial section last (or the last
-  k sections as one, `last_sections`); `reverse` gives the block of rank r as blocks - 1 - r;
+  k sections as one, `last_sections`, where a section holds at most `last_max_pairs`
+  pairs); `reverse` gives the block of rank r as blocks - 1 - r;
   a pair's block of rank r - 1 is launched before its block of rank r (the backward's
   deterministic turns rely on it).
 * The backward's tail split: `tail_split_coords` (arch/common/schedule.py) names every key
@@ -47,9 +48,17 @@ def _coords_fn():
         max_pairs: cutlass.Constexpr[int],
         reverse: cutlass.Constexpr[bool],
         last: cutlass.Constexpr[int],
+        last_max: cutlass.Constexpr[int],
     ):
         sections = L2Sections.create(
-            num_blocks, num_heads * num_batches, rows, row_bytes, budget, max_pairs, last
+            num_blocks,
+            num_heads * num_batches,
+            rows,
+            row_bytes,
+            budget,
+            max_pairs,
+            last,
+            last_max,
         )
         for z in cutlass.range(num_batches, unroll=1):
             for y in cutlass.range(num_heads, unroll=1):
@@ -73,10 +82,12 @@ GRIDS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("last", [1, 2, 3])
+# (last_sections, last_max_pairs): merged only where a section holds at most last_max_pairs
+@pytest.mark.parametrize("last", [(1, 2), (2, 2), (3, 2), (3, 1024)])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("grid", GRIDS)
 def test_l2_sections_visit_every_tile_rank_major(grid, reverse, last):
+    last, last_max = last
     coords = _coords_fn()
     from cutlass import Int32
     from cutlass.cute.runtime import from_dlpack
@@ -84,7 +95,7 @@ def test_l2_sections_visit_every_tile_rank_major(grid, reverse, last):
     blocks, heads, batches, rows, row_bytes, budget, max_pairs = grid
     out = torch.full((blocks * heads * batches, 4), -1, dtype=torch.int32)
     coords(from_dlpack(out), Int32(blocks), Int32(batches), Int32(rows), heads, row_bytes,
-           budget, max_pairs, reverse, last)  # fmt: skip
+           budget, max_pairs, reverse, last, last_max)  # fmt: skip
     width = int(out[0, 3])
     fit = [w for w in (1 << i for i in range(11)) if w <= max_pairs and w * rows * row_bytes
            <= budget]  # fmt: skip
@@ -94,7 +105,7 @@ def test_l2_sections_visit_every_tile_rank_major(grid, reverse, last):
                              for z in range(batches)], grid  # fmt: skip
     pairs = heads * batches
     full = pairs // width * width
-    if last > 1:  # the last `last` sections, a partial one among them, as one
+    if last > 1 and width <= last_max:  # the last `last` sections, a partial one among them
         full = max(-(-pairs // width) - last, 0) * width
     for linear, (block, head, batch) in enumerate(tiles):
         rank = blocks - 1 - block if reverse else block

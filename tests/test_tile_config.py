@@ -8,16 +8,18 @@ import itertools
 import pytest
 
 from cute_attn.arch.common.features import InputFeatures
-from cute_attn.arch.sm90.tile_config import (
+from cute_attn.arch.sm90.bwd_tiles import (
     BWD_SHORT_ROWS_MAX_SEQLEN,
     BWD_SHORT_ROWS_MAX_SEQLEN_D96,
     BWD_SHORT_ROWS_MAX_SEQLEN_D96_UNMASKED,
-    PACK_GQA_TIMED_SEQLEN_Q,
-    SUPPORTED_HEAD_DIMS,
-    FwdTileConfig,
     bwd_group_heads,
     bwd_short_rows,
     bwd_tile_config,
+)
+from cute_attn.arch.sm90.tile_config import (
+    PACK_GQA_TIMED_SEQLEN_Q,
+    SUPPORTED_HEAD_DIMS,
+    FwdTileConfig,
     fills_tall_tiles,
     fills_two_ctas_per_sm,
     fwd_pack_gqa,
@@ -534,7 +536,7 @@ def test_bwd_split_mask_loops_where_measured():
     # on for the D=64 128-row tile under the causal mask (measured +2% at 4k / 16k causal;
     # unmasked it spills), off at D=128 (neutral), for the D=64 64-row tile of softcap (57
     # spill instructions at 128 rows) and under windows (not measured)
-    from cute_attn.arch.sm90.tile_config import bwd_tile_config
+    from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 
     assert bwd_tile_config(64, 64, True, False).split_mask_loops
     assert not bwd_tile_config(64, 64, False, False).split_mask_loops
@@ -550,7 +552,7 @@ def test_bwd_s_under_dk_where_measured():
     # tiles; off on the taller tiles under the causal mask and in the deterministic order
     # (where it lost), at D=64 / 96's own tiles (even or behind), and for windows, softcap and
     # packed sequences (not measured)
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig, bwd_tile_config
 
     assert bwd_tile_config(128, 128, False, False).s_under_dk
     assert bwd_tile_config(128, 128, False, False, group_heads=True).s_under_dk
@@ -575,26 +577,42 @@ def test_bwd_overlaps_where_measured():
     # post_overlap, the postprocess under the main grid's last wave (+0.8-2.5% from 4k, even
     # at 16k, tune_bwd_post_overlap*_s56_h100.json), and pre_overlap, the persistent
     # preprocess beside the main grid (+0.5-5% on an H100 at 1k-16k,
-    # tune_bwd_pre_overlap*_s57_h100.json): on for dense calls at D <= 128 in every mask
-    # mode and tile, the deterministic order too (its counts after the turns in sem,
-    # tune_bwd_det_overlap_s57_h100.json); off for packed sequences (counts per dense
-    # (batch, head)) and past D = 128 (not measured). 16 preprocess CTAs (32 even or behind,
-    # 48 / 66 behind)
-    from cute_attn.arch.sm90.tile_config import BWD_PRE_CTAS, bwd_tile_config
+    # tune_bwd_pre_overlap*_s57_h100.json; past D = 128 both +0.8-5.3%,
+    # tune_bwd_balance_*_s66_h100.json): on for dense calls at every head dim, mask mode and
+    # tile, the deterministic order too (its counts after the turns in sem,
+    # tune_bwd_det_overlap_s57_h100.json, tune_bwd_det_wide_ov_s66_h100.log); off for packed
+    # sequences (counts per dense (batch, head)). 16 preprocess CTAs (32 even or behind, 48 /
+    # 66 behind)
+    from cute_attn.arch.sm90.bwd_tiles import BWD_HEAD_DIMS, BWD_PRE_CTAS, bwd_tile_config
 
     assert BWD_PRE_CTAS == 16
     flags = ("causal", "local", "softcap", "group_heads", "short")
     for field in ("post_overlap", "pre_overlap"):
-        for d in (64, 96, 128):
+        for d, dv in BWD_HEAD_DIMS:
             for on in itertools.product((False, True), repeat=len(flags)):
                 kw = dict(zip(flags, on))
-                assert getattr(bwd_tile_config(d, d, **kw), field), (field, d, kw)
-                det = bwd_tile_config(d, d, **kw, deterministic=True)
-                assert getattr(det, field), (field, d, kw)
-                assert not getattr(bwd_tile_config(d, d, **kw, varlen=True), field), (d, kw)
-        for d, dv in ((192, 192), (192, 128), (256, 256)):
-            for causal in (False, True):
-                assert not getattr(bwd_tile_config(d, dv, causal, False), field), (d, dv)
+                assert getattr(bwd_tile_config(d, dv, **kw), field), (field, d, dv, kw)
+                det = bwd_tile_config(d, dv, **kw, deterministic=True)
+                assert getattr(det, field), (field, d, dv, kw)
+                assert not getattr(bwd_tile_config(d, dv, **kw, varlen=True), field), (d, kw)
+
+
+def test_bwd_l2_last_sections_where_measured():
+    # the last 4 L2 sections as one under the causal mask (+0.5-3% at 16k on an H100, sections
+    # of 1-2 pairs; lost up to 1.6% at 4k, sections of 2-8 pairs, where L2Sections.create
+    # keeps them apart: BWD_L2_LAST_MAX_PAIRS; tune_bwd_last_sections_s66_h100.json): wherever
+    # the default order takes sections, except packed sequences and group_heads (not measured)
+    from cute_attn.arch.sm90.bwd_tiles import BWD_HEAD_DIMS, BWD_L2_LAST_MAX_PAIRS, bwd_tile_config
+
+    assert BWD_L2_LAST_MAX_PAIRS == 2
+    flags = ("causal", "local", "softcap", "deterministic", "group_heads", "varlen", "short")
+    for d, dv in BWD_HEAD_DIMS:
+        for on in itertools.product((False, True), repeat=len(flags)):
+            kw = dict(zip(flags, on))
+            cfg = bwd_tile_config(d, dv, **kw)
+            sections = cfg.l2_section_bytes and not (kw["deterministic"] or kw["local"])
+            want = 4 if sections and not (kw["varlen"] or kw["group_heads"]) else 1
+            assert cfg.l2_last_sections == want, (d, dv, kw, cfg)
 
 
 def test_bwd_dq_staging_where_measured():
@@ -607,7 +625,7 @@ def test_bwd_dq_staging_where_measured():
     # tile); softcap keeps 64 rows with dQ = dS K. dQ = dS K takes the 32-byte swizzle
     # (conflict-free 64-bit stores) except in the deterministic order, whose waits on each dQ
     # add measured faster with the 128-byte swizzle's wider TMA boxes; dQ^T the 128-byte one
-    from cute_attn.arch.sm90.tile_config import BwdTileConfig, bwd_tile_config
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig, bwd_tile_config
 
     for causal, local, softcap in ((False, False, False), (True, False, False),
                                    (False, True, False), (True, False, True)):  # fmt: skip
@@ -677,12 +695,8 @@ def test_bwd_d96_runs_its_own_tiles_with_a_padded_k():
     # D=96, dQ^T tiles: S^T, dP^T, dV and dK over the 96 columns, 96 query rows; only K's smem
     # tile (dQ^T's A operand, M = 2 x 64) is 128 wide (tune_bwd_d96_own_h200.json,
     # tune_bwd_d96_rows*_h200.json). Softcap keeps dQ = dS K and with it the padded D=128 tile
-    from cute_attn.arch.sm90.tile_config import (
-        BWD_HEAD_DIMS,
-        SMEM_BYTES_SM90,
-        BwdTileConfig,
-        bwd_tile_config,
-    )
+    from cute_attn.arch.sm90.bwd_tiles import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+    from cute_attn.arch.sm90.tile_config import SMEM_BYTES_SM90
 
     assert (96, 96) in BWD_HEAD_DIMS
     for causal, local, det in itertools.product((False, True), repeat=3):
@@ -743,12 +757,8 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
     # 64 x 64 tiles with S^T, the warpgroups taking the head dim's 64-row tiles in turn.
     # D=192: 64 x 96 with S = Q K^T, each warpgroup's dK^T / dV^T over its own 48 keys and
     # the whole head dim, unpadded
-    from cute_attn.arch.sm90.tile_config import (
-        BWD_HEAD_DIMS,
-        SMEM_BYTES_SM90,
-        BwdTileConfig,
-        bwd_tile_config,
-    )
+    from cute_attn.arch.sm90.bwd_tiles import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+    from cute_attn.arch.sm90.tile_config import SMEM_BYTES_SM90
 
     for d, dv in ((192, 192), (192, 128), (256, 256)):
         assert (d, dv) in BWD_HEAD_DIMS
@@ -763,11 +773,13 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             assert cfg.single_ds == (d == 192 and dv == 192)
             # packed sequences at D=192 keep one dS buffer but the warpgroups take turns on
             # one dQ half buffer (a buffer per warpgroup spills there); no L2 sections in
-            # their deterministic order (test_bwd_l2_sections_where_measured)
+            # their deterministic order (test_bwd_l2_sections_where_measured), no last
+            # sections merged and no overlaps (test_bwd_overlaps_where_measured)
             packed = bwd_tile_config(d, dv, causal, local, softcap, det, varlen=True)
             cfg = dataclasses.replace(
-                cfg, l2_section_bytes=packed.l2_section_bytes, tail_split=packed.tail_split
-            )
+                cfg, l2_section_bytes=packed.l2_section_bytes, tail_split=packed.tail_split,
+                l2_last_sections=1, post_overlap=False, pre_overlap=False,
+            )  # fmt: skip
             turns = dataclasses.replace(cfg, dq_stages=1)
             assert packed == (turns if d == dv == 192 else cfg)
             assert cfg.dq_swizzle == 128
@@ -888,7 +900,7 @@ def test_bwd_l2_sections_where_measured():
     # launch distance: +6..21% on an H100 from 1k to 4k at D <= 128, +2..16% past it), half
     # the budget at D = 96 and 192, dense and per query head (packed sequences and group_heads
     # not measured), never under its causal mask (which launches right to left: -1.5..19%)
-    from cute_attn.arch.sm90.tile_config import BWD_L2_SECTION_BYTES, bwd_tile_config
+    from cute_attn.arch.sm90.bwd_tiles import BWD_L2_SECTION_BYTES, bwd_tile_config
 
     def sections(d, dv, causal, local=False, det=False, **kw):
         return bwd_tile_config(d, dv, causal, local, False, det, **kw).l2_section_bytes
@@ -930,7 +942,7 @@ def test_bwd_two_dq_writers_in_the_deterministic_order_only():
     # BwdTileConfig.dq_writers = 2 where measured (+1.6..8.3% deterministic, D = 96 to 256 on an
     # H200), every deterministic variant; the default order keeps one (tied or lost there).
     # The producer warpgroup has three warps after the load's: at most 3 writers
-    from cute_attn.arch.sm90.tile_config import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
+    from cute_attn.arch.sm90.bwd_tiles import BWD_HEAD_DIMS, BwdTileConfig, bwd_tile_config
 
     for (d, dv), flags in itertools.product(
         BWD_HEAD_DIMS, itertools.product((False, True), repeat=7)

@@ -26,9 +26,10 @@ from ..common.dq_flat import DqFlatTile
 from ..common.features import InputFeatures
 from ..common.index_check import IndexCheck
 from ..common.split_combine import SplitCombine
+from .bwd_tiles import BwdTileConfig
 from .flash_bwd import FlashBwdSm90
 from .flash_fwd import FlashFwdSm90
-from .tile_config import BwdTileConfig, FwdTileConfig
+from .tile_config import FwdTileConfig
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 

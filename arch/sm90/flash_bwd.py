@@ -88,7 +88,7 @@ Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and paddin
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
 dQ and (without group_heads) sums dK/dV over the query heads of a KV head (GQA).
 
-Constraints: fp16/bf16; head dims from tile_config.BWD_HEAD_DIMS; (batch, seq, heads, dim)
+Constraints: fp16/bf16; head dims from bwd_tiles.BWD_HEAD_DIMS; (batch, seq, heads, dim)
 layout with contiguous last dim and 16-byte strides; lse_log2 and D are (batch, heads,
 seqlen_q rounded up to tile_m) fp32 (packed: (1, heads, total_q + sequences * tile_m)).
 
@@ -120,8 +120,9 @@ from ..common.schedule import (
 )
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .bwd_dq_writer import BwdDqWriter
+from .bwd_tiles import BWD_HEAD_DIMS, BWD_L2_LAST_MAX_PAIRS, BwdTileConfig, bwd_l2_row_bytes
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
-from .tile_config import BWD_HEAD_DIMS, SMEM_BYTES_SM90, BwdTileConfig, bwd_l2_row_bytes
+from .tile_config import SMEM_BYTES_SM90
 
 DQ_SWIZZLE_ATOMS = {
     32: warpgroup.SmemLayoutAtomKind.K_SW32,
@@ -564,6 +565,7 @@ class FlashBwdSm90(BwdDqWriter):
             sections = L2Sections.create(
                 num_n_blocks, grid_heads * num_batch, rows, self.l2_row_bytes,
                 self.config.l2_section_bytes, last_sections=self.config.l2_last_sections,
+                last_max_pairs=BWD_L2_LAST_MAX_PAIRS,
             )  # fmt: skip
         self.kernel(
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
