@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
-# installed there), by steps; the default is what is still pending: `bwd_touched` and
-# `det_w2_tests` (the backward tests the sixty-fourth session's table changes touch:
-# BwdTileConfig.tail_split at unmasked D = 128 / 256 runs in the sweep's unmasked cases, lse,
-# graph and compile tests; det_poll_early at D = 256 in every deterministic test), then
-# `bwd_bench` (the issue's rows with FA4 and cuDNN, not run since those changes; on an H200
-# too), `w_tests` (a third dQ writer warp, not in the table), `det_ratio`, and on an H200
-# `preov_ab sdk_ab sdk_rows`. The sixty-fourth session ran `split_ab split_tests pe_quick
-# pe_tests pe_ab` on an H100 (docs/perf/README.md).
+# installed there), by steps; the default is what is still pending: `bwd_bench` and
+# `bwd192_bench` on an H200 (the sixty-sixth session benched both on an H100 only; the
+# backward has not been benched on an H200 since the forty-eighth session), `table66_tests`
+# (the backward tests of the sixty-sixth session's table change not yet run with it: the L2
+# section cover test, whose 3-pair budget now merges its last sections),
+# `bwd_touched` (the sixty-fourth session's), `w_tests`, and on an H200 `preov_ab sdk_ab
+# sdk_rows det_ratio`. The sixty-sixth session ran `balance_ab balance_tests det_w2_tests
+# bwd_bench det_ratio bwd192_bench` and `det_wide_ov` on an H100 (docs/perf/README.md). At
+# most 8 files come back from $OUT a call: steps write few, and a call should run few steps.
 # The sixty-first session also ran `det_big_tests` and the backward sweep's cases 457-480 on
 # an H100 (both passed) and removed det_part_turns and det_chains (a deterministic variant
 # of its own), which lost everywhere in its A/B (docs/perf/tune_bwd_det_chains_s61_h100.json).
@@ -126,8 +127,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(bwd_touched det_w2_tests bwd_bench w_tests det_ratio preov_ab
-                                  sdk_ab sdk_rows)
+[ ${#steps[@]} -eq 0 ] && steps=(bwd_bench bwd192_bench table66_tests bwd_touched w_tests
+                                  preov_ab sdk_ab sdk_rows det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -329,6 +330,23 @@ d192v128-16k-causal,d192v128-4k-causal,d256-4k-causal} \
       # last L2 sections merged (causal; unmasked deterministic, bitwise)
       gpu_tests 450 gpu_tests_balance.log tests/test_bwd_sm90.py -vv \
           -k "overlaps_wide or l2_last_sections" ;;
+    det_wide_ov)
+      # the deterministic order past D = 128 without / with both overlaps (the table's since
+      # the sixty-sixth session; its H100 run's table is tune_bwd_det_wide_ov_s66_h100.log)
+      timeout 150 python3 scripts/tune_bwd_sm90.py --reps 10 \
+          --shapes d256-4k-causal,d256-4k,d192-4k-causal,d192-4k \
+          --variant det=deterministic=1 \
+          --variant det_noov=deterministic=1,post_overlap=False,pre_overlap=False \
+          --out "$OUT/tune_bwd_det_wide_ov_$gpu.json" > "$OUT/tune_bwd_det_wide_ov.log" 2>&1 ;;
+    table66_tests)
+      # the backward tests of the sixty-sixth session's table (both overlaps at every head
+      # dim, the last 4 causal sections as one where a section holds at most 2 pairs) that
+      # its H100 did not run: the section cover tests (a 3-pair budget: sections of 2, whose
+      # last ones now merge) and the deterministic order in sections; below D = 192 the
+      # change reaches only long causal calls (sections of at most 2 pairs), which the
+      # sweep's lengths never make (bwd_touched runs the sweep there)
+      gpu_tests 300 gpu_tests_table66.log tests/test_bwd_sm90.py -vv \
+          -k "l2_sections_cover or in_l2_sections or l2_last_sections" ;;
     pe_quick)
       # one call's worth of pe_ab and dq2_ab: D = 256 4k causal (the issue's 0.85 row) and
       # 4k, D = 192 4k causal; det_poll_early with two and three writers, and with D = 256's
@@ -598,6 +616,8 @@ for step in "${steps[@]}"; do
     balance_ab) tail -26 "$OUT/tune_bwd_balance_causal.log"
       tail -18 "$OUT/tune_bwd_balance_split.log" ;;
     balance_tests) tail -6 "$OUT/gpu_tests_balance.log" ;;
+    det_wide_ov) grep -A10 "^shape" "$OUT/tune_bwd_det_wide_ov.log" ;;
+    table66_tests) tail -6 "$OUT/gpu_tests_table66.log" ;;
     det_ratio) tail -32 "$OUT/tune_bwd_det_ratio.log" ;;
     skip_tests) tail -6 "$OUT/gpu_tests_skip_zero.log" ;;
     preov_tests) tail -8 "$OUT/gpu_tests_pre_overlap.log" ;;

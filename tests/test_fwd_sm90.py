@@ -381,16 +381,16 @@ def test_compile_sm90_variants(head_dims, dtypes, tmp_path):
     # the backward's pre/postprocess per head-dim pair: dense, and packed per table tile_m
     # (64 and 128 at D=64; 96 / 80, and 64 for softcap / group_heads, at D=96 / 128; 64 past
     # D=128); the register-order dQ tiles (dq_flat: D=64's 128 rows, D=96 / 128's 96 / 80)
-    # have their own, dense and packed: 2 kinds x (4 + 4 + 4 + 2 + 2 + 2 forms); and at D <=
-    # 128 the dense ones are the postprocesses that wait for the main grid's done counts
-    # (post_overlap) and the persistent preprocesses that count ready rows (pre_overlap), in
-    # both orders, row and register order: 6 of each (the lse gradient's preprocess builds
-    # at its first call)
+    # have their own, dense and packed: 2 kinds x (4 + 4 + 4 + 2 + 2 + 2 forms); and the dense
+    # ones are the postprocesses that wait for the main grid's done counts (post_overlap)
+    # and the persistent preprocesses that count ready rows (pre_overlap), in row order at
+    # every head-dim pair and register order too at D <= 128: 9 of each (the lse gradient's
+    # preprocess builds at its first call)
     bwd_aux = [r for r in aux if r["name"].startswith("sm90_bwd_")]
     assert len(bwd_aux) == 36, aux
     assert len([r for r in bwd_aux if "dq_flat" in r["name"]]) == 12, aux
-    assert len([r for r in bwd_aux if r["name"].endswith("wait_done")]) == 6, aux
-    assert len([r for r in bwd_aux if r["name"].endswith("pre_overlap")]) == 6, aux
+    assert len([r for r in bwd_aux if r["name"].endswith("wait_done")]) == 9, aux
+    assert len([r for r in bwd_aux if r["name"].endswith("pre_overlap")]) == 9, aux
     # the GQA backward that walks a KV head's query heads, per head-dim pair (heads 8:2),
     # unmasked and causal (in L2 sections; not D=64 causal, see bwd_tiles.bwd_group_heads),
     # and causal on packed sequences (from D=96 too)
