@@ -165,7 +165,8 @@ class BwdTileConfig:
     tail_split: bool = False
     # L2 sections: the grid's last k sections launched as one (rank-major over their pairs),
     # so the last pairs' longest key tiles start before the grid's last wave, not in it; their
-    # working set is k sections' while they run (arch/common/schedule.py, L2Sections.create)
+    # working set is k sections' while they run (arch/common/schedule.py, L2Sections.create);
+    # only where a section holds at most BWD_L2_LAST_MAX_PAIRS pairs (decided at launch)
     l2_last_sections: int = 1
 
     def __post_init__(self):
@@ -513,8 +514,8 @@ def bwd_tile_config(
     # 463.6, 16k causal 531.4 / 538.6; D=64 4k 523.4 / 537.9. Off / 16 CTAs
     # (tune_bwd_pre_overlap_c_s57_h100.json): D=128 16k causal 616.0 / 620.4, 16k 619.2 /
     # 628.3, 1k causal 291.4 / 299.0; D=96 16k 554.5 / 565.3; D=64 16k 551.7 / 555.5, 16k
-    # causal 551.9 / 554.5. The domain of post_overlap (packed grids not built; not measured
-    # past D = 128). In the deterministic order both (their counts after the turns in sem),
+    # causal 551.9 / 554.5. The domain of post_overlap (packed grids not built). In the
+    # deterministic order both (their counts after the turns in sem),
     # off / on (tune_bwd_det_overlap_s57_h100.json): D=128 4k 501.7 / 516.0, 4k causal 462.8
     # / 488.1, 16k causal 566.8 / 573.2; D=96 4k causal 384.4 / 401.2; D=64 4k 437.3 / 448.4.
     # Past D = 128 both, round-robin on an H100, TFLOP/s, table / both
@@ -522,10 +523,13 @@ def bwd_tile_config(
     # gradients): D=192 4k causal 443.0 / 465.8, 16k causal 493.8 / 497.9, 1k causal 267.4 /
     # 278.0, 4k 457.8 / 478.9, 1k 352.9 / 370.0; (192, 128) 4k causal 398.8 / 414.7, 16k causal
     # 459.4 / 470.3, 1k causal 243.3 / 254.7, 4k 438.6 / 447.5, 16k 466.6 / 476.6; D=256 4k
-    # causal 366.6 / 381.9, 16k causal 414.6 / 418.8, 1k causal 245.1 / 257.9, 4k 390.4 / 404.8,
-    # 1k 316.1 / 332.7, 16k (tail_split on) 414.8 / 407.6 and 408.1 / 410.7
-    # (tune_bwd_post_split_s66_h100.json). The deterministic order past D = 128 takes them
-    # unmeasured (its bitwise GPU tests passed with both forced: gpu_tests_balance_s66_h100.log)
+    # causal 366.6 / 381.9, 16k causal 414.6 / 418.8, 1k causal 245.1 / 257.9, 1k 316.1 /
+    # 332.7, 4k 390.4 / 404.8 with tail_split off in both and 395.4 / 403.3 with it (the
+    # table's), 16k with it 414.8 / 407.6 and 408.1 / 410.7 (tune_bwd_post_split_s66_h100.json).
+    # The deterministic order, without / with both (tune_bwd_det_wide_ov_s66_h100.log, the
+    # run's printed table; its bitwise GPU tests passed with both: gpu_tests_balance_s66_h100.log
+    # and gpu_tests_wide_table_b_s66_h100.log): D=192 4k causal 414.7 / 443.5, 4k 457.5 / 471.2,
+    # D=256 4k causal 338.3 / 341.3, 4k 355.9 / 358.7
     if not varlen:
         cfg = dataclasses.replace(cfg, post_overlap=True, pre_overlap=True)
     # dq_writers = 2 in the deterministic order: each writer waits for its tile's adds to land
@@ -563,9 +567,11 @@ def bwd_tile_config(
     # 393.7); D=128 16k 618.3 / 630.2 and 611.5 / 618.8. Where post_overlap runs its
     # postprocess on the last wave's idle SMs a split of shorter walks lost: D=128 4k 555.3 /
     # 552.2 and 567.4 / 559.4 (hence BWD_TAIL_MIN_STEPS_POST), D=96 4k 540.5 / 532.3, 16k
-    # 558.9 / 556.7, D=64 4k 529.8 / 525.6, 1k 421.6 / 410.2: off there. D=192 (no
-    # post_overlap), windows and softcap were not measured; group_heads, L2 sections and the
-    # deterministic order are not built
+    # 558.9 / 556.7, D=64 4k 529.8 / 525.6, 1k 421.6 / 410.2: off there. D = 192 (sixty-sixth
+    # session, tune_bwd_balance_split_s66_h100.json): 4k table / tail_split / both overlaps /
+    # both with it 457.8 / 480.7 / 478.9 / 477.4 and (192, 128) 16k 466.6 / 471.0 / 476.6 /
+    # 469.1: the overlaps (above) and no split. Windows and softcap were not measured;
+    # group_heads, L2 sections and the deterministic order are not built
     if head_dim in (128, 256) and not (
         causal or local or softcap or deterministic or varlen or group_heads
     ):
