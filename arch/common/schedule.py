@@ -50,14 +50,16 @@ class L2Sections(DslStruct):
         budget_bytes: int,
         max_pairs: int = 1024,
         last_sections: int = 1,
-        last_max_pairs: int = 2,
+        last_max_pairs: int = 1024,
     ) -> L2Sections:
         """Host side. One (head, batch) pair's working set is rows x row_bytes; sections hold
         the largest power of two of pairs (at most max_pairs, a compile-time power of two <=
         1024) whose bytes fit budget_bytes, at least one. `last_sections` (compile time): the
         last that many sections, the partial one among them, run as one section (rank-major
-        over all their pairs) when a section holds at most `last_max_pairs` pairs (long
-        sequences; a run-time choice, from the sizes): wider sections keep their own."""
+        over all their pairs) when a section holds at most `last_max_pairs` pairs (a
+        run-time choice, from the sizes; the default: at any width; the backward's table
+        keeps it to long sequences, bwd_tiles.BWD_L2_LAST_MAX_PAIRS): wider sections keep
+        their own."""
         if max_pairs < 1 or max_pairs > 1024 or max_pairs & (max_pairs - 1):
             raise ValueError(f"max_pairs {max_pairs} must be a power of two in [1, 1024]")
         pair_bytes = Int64(rows) * row_bytes
