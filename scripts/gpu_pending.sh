@@ -411,7 +411,8 @@ d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,d192-4k-causal,d192v128-
           --out "$OUT/tune_bwd_det_ratio_$gpu.json" > "$OUT/tune_bwd_det_ratio.log" 2>&1 ;;
     compact_tests)
       # D = 96's compact flat accumulator (DqFlatTile.dims: 96 floats a row, not 128): its
-      # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104)
+      # sweep cases in both dtypes, deterministic, group_heads, lse gradient and packed (104
+      # then, 108 now; "lse" spelled out as in bwd_touched, the same 108 here)
       gpu_tests 300 gpu_tests_compact.log tests/test_bwd_sm90.py tests/test_bwd_varlen_sm90.py \
           -k "(sweep and 96-96) or (deterministic and 96) or (group_heads and 96) or \
           ((lse_gradient or only_lse) and 96) or (varlen and 96)" ;;
