@@ -68,6 +68,7 @@
 #               writers forced (60)
 #   det_w2_tests  every deterministic backward GPU test (57) on the table's two writers
 #   det_ratio   the same script: the default order / deterministic on the bench's shapes
+#               (DET_RATIO_SHAPES: a comma-separated subset)
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -87,6 +88,8 @@
 #               fifty-fifth session's sweep run did not cover (varlen softcap sweep cases,
 #               group_heads: 53, passed on an H100 in the fifty-sixth session), under a 400 s
 #               limit
+#   dyn_tests   the torch.compile GPU tests of the backward and inference files, among them
+#               the dynamic=True training step and KV-cache decode step (card-agnostic)
 #   bwd_rest    the backward GPU tests but the sweep (tests/test_bwd_sm90.py -k "not sweep"),
 #               under a 380 s limit
 #   bwd_tail    the 39 of them that the forty-ninth session's H100 did not reach before that
@@ -404,9 +407,11 @@ d192v128-16k-causal,d192v128-4k-causal,d256-4k-causal} \
           -k deterministic ;;
     det_ratio)
       # the deterministic order against the default one on the bench's backward shapes
+      # (DET_RATIO_SHAPES: a subset, e.g. the rows past D = 128 where the ratio is lowest)
       timeout 500 python3 scripts/tune_bwd_sm90.py --reps 10 \
-          --shapes d64-4k,d64-4k-causal,d64-16k,d96-4k-causal,d96-16k,d128-1k,d128-4k,d128-16k,\
-d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,d192-4k-causal,d192v128-4k-causal \
+          --shapes "${DET_RATIO_SHAPES:-d64-4k,d64-4k-causal,d64-16k,d96-4k-causal,d96-16k,\
+d128-1k,d128-4k,d128-16k,d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,\
+d192-4k-causal,d192v128-4k-causal}" \
           --variant base= --variant det=deterministic=1 \
           --out "$OUT/tune_bwd_det_ratio_$gpu.json" > "$OUT/tune_bwd_det_ratio.log" 2>&1 ;;
     compact_tests)
@@ -506,6 +511,11 @@ d256-4k,d256-4k-causal,d256-16k,d256-16k-causal,d192-4k,d192-4k-causal,d192v128-
       # softcap cases and group_heads (softcap at D=96 among them)
       gpu_tests 400 gpu_tests_softcap96.log tests/test_bwd_sm90.py \
           tests/test_bwd_varlen_sm90.py -k "(softcap and 96) or group_heads" ;;
+    dyn_tests)
+      # torch.compile(dynamic=True) on the GPU: a training step over three sequence lengths and
+      # a KV-cache decode step over three batch sizes, with the other torch.compile tests
+      gpu_tests 300 gpu_tests_compile_dynamic.log tests/test_bwd_sm90.py \
+          tests/test_inference_sm90.py -k "torch_compile" ;;
     bwd_rest) gpu_tests 380 gpu_tests_bwd_rest.log tests/test_bwd_sm90.py -k "not sweep" ;;
     bwd_tail)
       gpu_tests 380 gpu_tests_bwd_tail.log tests/test_bwd_sm90.py \

@@ -533,6 +533,36 @@ def test_kvcache_torch_compile_decode_loop():
     assert_matches(out, lse, ref, ref_lse, same)
 
 
+@pytest.mark.gpu
+def test_kvcache_torch_compile_dynamic_batch(monkeypatch):
+    # torch.compile(dynamic=True): one decode step traced with a symbolic batch size appends in
+    # place and attends through the SM90 kernels at three batch sizes, equal to eager (the same
+    # kernel on the same inputs), and matches the reference
+    torch._dynamo.reset()
+
+    def step(q, kc, vc, kn, vn, n):
+        return flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for b in (2, 3, 5):
+        q, kc, vc = cache_case(b, 1, 8, 2, 128, 300, seed=20 + b)
+        g = cuda_gen(30 + b)
+        kn, vn = (torch.randn(b, 1, 2, 128, device="cuda", dtype=q.dtype, generator=g)
+                  for _ in range(2))  # fmt: skip
+        n = torch.arange(b, dtype=torch.int32, device="cuda") * 71 + 5  # up to 289 of 300
+        ke, ve, kcomp, vcomp = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+        out, lse = step(q, ke, ve, kn, vn, n)
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        # cleared, so the compiled call must leave its own record
+        monkeypatch.setattr(cute_attn.dispatch._local, "decision", None)
+        got = compiled(q, kcomp, vcomp, kn, vn, n)
+        assert cute_attn.last_dispatch().impl == "sm90_fwd"
+        assert torch.equal(kcomp, ke) and torch.equal(vcomp, ve)
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+        ref, ref_lse, same = cache_ref(q, ke, ve, range(b), (n + 1).tolist(), causal=True)
+        assert_matches(out, lse, ref, ref_lse, same)
+
+
 # ------------------------------------------------------------------ paged KV
 
 # 1 and 8 fit no TMA key tile (gathered by torch first), 48 cuts the tile to 48 keys, 16 the
