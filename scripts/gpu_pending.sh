@@ -34,6 +34,8 @@
 #               16 / 32 on the 16k rows and 1k causal); preov_tests / preov_rest: the backward
 #               tests it touches (sweep bf16 D <= 128, lse gradient dense and packed, CUDA
 #               graphs, torch.compile; group_heads, deterministic)
+#   v128_ab     scripts/tune_bwd_sm90.py: (192, 128) with one dS buffer and two dO stages
+#               against the table (one dO stage, two dS buffers), unmasked and causal
 #   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
 #               issued before the wait for this tile's dK) off / on, on the taller tiles
 #               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
@@ -168,6 +170,13 @@ for step in "${steps[@]}"; do
           --shapes d128-16k,d128-8k,d128-4k,gqa-d128-16k,d96-16k \
           --variant base= --variant m64=tile_m=64,dq_flat=False \
           --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
+    v128_ab)
+      # (192, 128): one dS buffer with two dO stages (single_ds=True, do_stages=2) against
+      # the table's two dS buffers and one dO stage, where the bench trails FA4 most
+      timeout 400 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d192v128-4k,d192v128-16k,d192v128-1k,d192v128-4k-causal,d192v128-16k-causal \
+          --variant base= --variant sd2=single_ds=True,do_stages=2 \
+          --out "$OUT/tune_bwd_v128_$gpu.json" > "$OUT/tune_bwd_v128.log" 2>&1 ;;
     sdk_ab)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k,d128-16k,d128-4k-causal,d128-16k-causal,d96-4k,d96-4k-causal,d96-16k-causal,d128-1k,d128-2k-causal,gqa-d128-4k-causal,d64-4k,d64-16k \
@@ -588,6 +597,7 @@ for step in "${steps[@]}"; do
     softcap96) tail -8 "$OUT/gpu_tests_softcap96.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
+    v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;

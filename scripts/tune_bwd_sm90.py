@@ -72,6 +72,7 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d192v128-4k": (4, 4096, 16, 192, False, None, 128),
     "d192v128-4k-causal": (4, 4096, 16, 192, True, None, 128),
     "d192v128-1k-causal": (8, 1024, 16, 192, True, None, 128),
+    "d192v128-1k": (8, 1024, 16, 192, False, None, 128),
     "d192v128-16k-causal": (1, 16384, 16, 192, True, None, 128),
     "d192v128-16k": (1, 16384, 16, 192, False, None, 128),
     # GQA (32 query heads over 8 KV heads, a 6th field) and MQA, for group_heads
