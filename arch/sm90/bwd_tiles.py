@@ -109,7 +109,8 @@ class BwdTileConfig:
     # dS in one smem buffer instead of one per Q stage: a warpgroup overwrites its part of it
     # only after the other warpgroup's dQ / dK GEMMs of the previous query tile read it (a
     # pair of named barriers, FlashBwdSm90.mma). Frees tile_m x tile_n x 2 bytes (12 KB at
-    # 64 x 96) for a dQ half buffer per warpgroup at D = 192
+    # 64 x 96) for a dQ half buffer per warpgroup at D = 192, for a second dO stage at
+    # (192, 128)
     single_ds: bool = False
     # dq_swap_ab only: stage each thread's dQ^T accumulator in register order (128-bit stores,
     # 4 contiguous floats a 2 x 2 block; arch/common/dq_flat.py) and add the tile into a
@@ -714,11 +715,22 @@ def _bwd_tiles(
         # 16, 10 / 10, 32 / 8, 8 / 1. Packed 4 x 4k, 10 heads, round-robin, TFLOP/s, one /
         # two dS buffers (tune_bwd_varlen_d192_single_ds_h200.json): 444.3 / 446.8, causal
         # 424.7 / 418.9; same gradients.
+        # (192, 128) took single_ds with two dO stages after all, once both overlaps were in
+        # the table (sixty-sixth session). Round-robin on an H100, TFLOP/s, the old table
+        # (two dS buffers, one dO stage) / single_ds with two dO stages, two runs
+        # (tune_bwd_v128_s69_h100.json, tune_bwd_v128_b_s69_h100.json; same gradients): 4k
+        # 448.9 / 460.3 and 450.1 / 462.0, 16k 472.1 / 481.2 and 465.4 / 471.0, 1k 337.7 /
+        # 351.0 and 336.6 / 350.4, 4k causal 414.8 / 418.7 and 412.1 / 415.4, 16k causal 459.0
+        # / 463.4, 1k causal 253.2 / 257.1; deterministic 4k 423.2 / 422.0, 16k 455.9 /
+        # 460.2, 1k 336.9 / 338.3, 4k causal 397.6 / 402.1, 1k causal 249.3 / 250.4; packed
+        # 4 x 4k (tune_bwd_v128_varlen_s69_h100.json) 442.5 / 454.4, causal 401.7 / 402.5,
+        # 8 x 1k 318.6 / 327.9. Every form compiles spill-free (bf16 and fp16, windows,
+        # softcap, GQA). The causal rows' earlier loss (401 above) was before the overlaps.
         own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
-            tile_m=64, tile_n=96, num_stages=2, do_stages=1, dkv_swap_ab=True,
+            tile_m=64, tile_n=96, num_stages=2, dkv_swap_ab=True,
             sdp_swap_ab=False, dq_half_staging=True, dq_stages=2 if own_dq else 1,
-            dq_swizzle=128, single_ds=head_dim_v > 128,
+            dq_swizzle=128, single_ds=True, do_stages=2 if head_dim_v == 128 else 1,
         )  # fmt: skip
     if head_dim > 128:
         # D = 256: 64 x 64 tiles with dK^T / dV^T split over the warpgroups' head-dim rows
