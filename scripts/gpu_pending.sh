@@ -3,8 +3,9 @@
 # installed there), by steps; the default is what is still pending, all on an H200:
 # `bwd_bench` and `bwd192_bench` (the sixty-sixth session benched both on an H100 only; the
 # backward has not been benched on an H200 since the forty-eighth session), then `preov_ab
-# sdk_ab sdk_rows det_ratio`; and on any card `dyn_tests` (written in the sixty-eighth
-# session, which got no machine). The sixty-seventh session ran `table66_tests w_tests
+# sdk_ab sdk_rows det_ratio`. The sixty-ninth session ran `dyn_tests` (passed), `bwd_bench
+# bwd192_bench sdk_ab` and `v128_ab` on H100s, then the (192, 128) tile it took and its
+# tests (docs/perf/README.md). The sixty-seventh session ran `table66_tests w_tests
 # bwd_touched det_ratio` and the rest of the backward sweep on an H100 (every test passed;
 # docs/perf/README.md). The sixty-sixth session ran `balance_ab balance_tests det_w2_tests
 # bwd_bench det_ratio bwd192_bench` and `det_wide_ov` on an H100. At
