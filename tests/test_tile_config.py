@@ -791,9 +791,9 @@ def test_bwd_wide_head_dims_take_the_swapped_tiles():
             assert cfg.sdp_swap_ab == (d == 256)
             assert cfg.tile_head_dims(d, dv) == (d, dv)
             assert cfg.smem_bytes(d, dv) <= SMEM_BYTES_SM90
-        # what does not fit: a second dO stage at dv > 128 (at (192, 128): with two dS
-        # buffers), and at dv > 128 the whole dQ staged at once (one buffer, or one half
-        # buffer per warpgroup) unless dS takes one buffer
+        # what does not fit: a second dO stage at D = 192 and 256 (at (192, 128), which has
+        # one, beside two dS buffers), and at dv > 128 the whole dQ staged at once (one
+        # buffer, or one half buffer per warpgroup) unless dS takes one buffer
         cfg = bwd_tile_config(d, dv, False, False)
         two_do = dataclasses.replace(cfg, do_stages=2, single_ds=cfg.single_ds and dv > 128)
         assert two_do.smem_bytes(d, dv) > SMEM_BYTES_SM90

@@ -715,17 +715,18 @@ def _bwd_tiles(
         # 16, 10 / 10, 32 / 8, 8 / 1. Packed 4 x 4k, 10 heads, round-robin, TFLOP/s, one /
         # two dS buffers (tune_bwd_varlen_d192_single_ds_h200.json): 444.3 / 446.8, causal
         # 424.7 / 418.9; same gradients.
-        # (192, 128) took single_ds with two dO stages after all, once both overlaps were in
-        # the table (sixty-sixth session). Round-robin on an H100, TFLOP/s, the old table
-        # (two dS buffers, one dO stage) / single_ds with two dO stages, two runs
-        # (tune_bwd_v128_s69_h100.json, tune_bwd_v128_b_s69_h100.json; same gradients): 4k
-        # 448.9 / 460.3 and 450.1 / 462.0, 16k 472.1 / 481.2 and 465.4 / 471.0, 1k 337.7 /
-        # 351.0 and 336.6 / 350.4, 4k causal 414.8 / 418.7 and 412.1 / 415.4, 16k causal 459.0
-        # / 463.4, 1k causal 253.2 / 257.1; deterministic 4k 423.2 / 422.0, 16k 455.9 /
-        # 460.2, 1k 336.9 / 338.3, 4k causal 397.6 / 402.1, 1k causal 249.3 / 250.4; packed
-        # 4 x 4k (tune_bwd_v128_varlen_s69_h100.json) 442.5 / 454.4, causal 401.7 / 402.5,
-        # 8 x 1k 318.6 / 327.9. Every form compiles spill-free (bf16 and fp16, windows,
-        # softcap, GQA). The causal rows' earlier loss (401 above) was before the overlaps.
+        # (192, 128) measured again in the sixty-ninth session, with both overlaps in the
+        # table (since the sixty-sixth), took single_ds with two dO stages. Round-robin on an
+        # H100, TFLOP/s, the old table (two dS buffers, one dO stage) / single_ds with two dO
+        # stages, two runs (tune_bwd_v128_s69_h100.json, tune_bwd_v128_b_s69_h100.json; same
+        # gradients): 4k 448.9 / 460.3 and 450.1 / 462.0, 16k 472.1 / 481.2 and 465.4 / 471.0,
+        # 1k 337.7 / 351.0 and 336.6 / 350.4, 4k causal 414.8 / 418.7 and 412.1 / 415.4, 16k
+        # causal 459.0 / 463.4, 1k causal 253.2 / 257.1; deterministic 4k 423.2 / 422.0, 16k
+        # 455.9 / 460.2, 1k 336.9 / 338.3, 4k causal 397.6 / 402.1, 1k causal 249.3 / 250.4;
+        # packed 4 x 4k (tune_bwd_v128_varlen_s69_h100.json) 442.5 / 454.4, causal 401.7 /
+        # 402.5, 8 x 1k 318.6 / 327.9. Every form compiles spill-free for sm_90a (bf16 and fp16,
+        # causal, windows, softcap, GQA, deterministic, packed). The causal loss above (401)
+        # was measured without the overlaps.
         own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, dkv_swap_ab=True,
