@@ -725,8 +725,11 @@ def _bwd_tiles(
         # 455.9 / 460.2, 1k 336.9 / 338.3, 4k causal 397.6 / 402.1, 1k causal 249.3 / 250.4;
         # packed 4 x 4k (tune_bwd_v128_varlen_s69_h100.json) 442.5 / 454.4, causal 401.7 /
         # 402.5, 8 x 1k 318.6 / 327.9. Every form compiles spill-free for sm_90a (bf16 and fp16,
-        # causal, windows, softcap, GQA, deterministic, packed). The causal loss above (401)
-        # was measured without the overlaps.
+        # causal, windows, softcap, GQA, deterministic, packed). On an H200, before the
+        # overlaps, the causal rows had lost (above, and tune_bwd_d192v128_sd2_h200.json, 30
+        # reps: 4k causal 404.8 / 399.0, 16k causal 451.9 / 443.9, 1k causal 263.5 / 264.2;
+        # 4k 439.5 / 449.4): taken under every mask on the H100's run with today's kernels,
+        # the H200 A/B owed (scripts/gpu_pending.sh v128_ab).
         own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, dkv_swap_ab=True,
