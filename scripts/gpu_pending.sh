@@ -36,8 +36,9 @@
 #               16 / 32 on the 16k rows and 1k causal); preov_tests / preov_rest: the backward
 #               tests it touches (sweep bf16 D <= 128, lse gradient dense and packed, CUDA
 #               graphs, torch.compile; group_heads, deterministic)
-#   v128_ab     scripts/tune_bwd_sm90.py: (192, 128) with one dS buffer and two dO stages
-#               against the table (one dO stage, two dS buffers), unmasked and causal
+#   v128_ab     scripts/tune_bwd_sm90.py: (192, 128): the table (one dS buffer, two dO
+#               stages) against the old form (two dS buffers, one dO stage), unmasked and
+#               causal
 #   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
 #               issued before the wait for this tile's dK) off / on, on the taller tiles
 #               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
@@ -173,11 +174,12 @@ for step in "${steps[@]}"; do
           --variant base= --variant m64=tile_m=64,dq_flat=False \
           --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
     v128_ab)
-      # (192, 128): one dS buffer with two dO stages (single_ds=True, do_stages=2) against
-      # the table's two dS buffers and one dO stage, where the bench trails FA4 most
+      # (192, 128): the table's one dS buffer with two dO stages (the sixty-ninth session's
+      # change) against the old two dS buffers and one dO stage. Until the seventieth session
+      # this step compared the table with itself (an A/A run: tune_bwd_v128_same_s70_h100)
       timeout 400 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d192v128-4k,d192v128-16k,d192v128-1k,d192v128-4k-causal,d192v128-16k-causal \
-          --variant base= --variant sd2=single_ds=True,do_stages=2 \
+          --variant old=single_ds=False,do_stages=1 --variant table= \
           --out "$OUT/tune_bwd_v128_$gpu.json" > "$OUT/tune_bwd_v128.log" 2>&1 ;;
     sdk_ab)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
