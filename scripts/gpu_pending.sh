@@ -39,6 +39,7 @@
 #   v128_ab     scripts/tune_bwd_sm90.py: (192, 128): the table (one dS buffer, two dO
 #               stages) against the old form (two dS buffers, one dO stage), unmasked and
 #               causal
+#   smask_ab    scripts/tune_bwd_sm90.py: split_mask_loops off / on, D = 128's causal rows
 #   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
 #               issued before the wait for this tile's dK) off / on, on the taller tiles
 #               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
@@ -181,6 +182,17 @@ for step in "${steps[@]}"; do
           --shapes d192v128-4k,d192v128-16k,d192v128-1k,d192v128-4k-causal,d192v128-16k-causal \
           --variant old=single_ds=False,do_stages=1 --variant table= \
           --out "$OUT/tune_bwd_v128_$gpu.json" > "$OUT/tune_bwd_v128.log" 2>&1 ;;
+    smask_ab)
+      # split_mask_loops (the query tiles that see every key in a mask-free loop of their own)
+      # on D = 128's 80-row causal tile, never measured there (on the old 64-row tile and on
+      # D = 96's 96 rows it tied or lost); spill-free for sm_90a. And the last 8 causal L2
+      # sections as one (where a section holds at most 2 pairs: the 16k row) against the
+      # table's 4 (the sixty-sixth session measured 1 / 2 / 4)
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
+          --shapes d128-16k-causal,d128-4k-causal,gqa-d128-4k-causal,d128-2k-causal \
+          --variant base= --variant smask=split_mask_loops=True \
+          --variant last8=l2_last_sections=8 \
+          --out "$OUT/tune_bwd_smask_$gpu.json" > "$OUT/tune_bwd_smask.log" 2>&1 ;;
     sdk_ab)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k,d128-16k,d128-4k-causal,d128-16k-causal,d96-4k,d96-4k-causal,d96-16k-causal,d128-1k,d128-2k-causal,gqa-d128-4k-causal,d64-4k,d64-16k \
@@ -602,6 +614,7 @@ for step in "${steps[@]}"; do
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
+    smask_ab) tail -14 "$OUT/tune_bwd_smask.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;
     bwd_l2) tail -22 "$OUT/tune_bwd_l2_causal.log" ;;
     bwd_m64) tail -12 "$OUT/tune_bwd_m64.log" ;;
