@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `bwd_bench` and `bwd192_bench` (the sixty-sixth session benched both on an H100 only; the
-# backward has not been benched on an H200 since the forty-eighth session), `v128_ab` (its
-# causal rows lost on an H200 in the twenty-fourth session), then `preov_ab sdk_ab sdk_rows
-# det_ratio`. The sixty-ninth session ran `dyn_tests` (passed), `bwd_bench
+# `preov_ab sdk_ab sdk_rows det_ratio` (det_ratio's four lowest shapes ran on an H200 in the
+# seventieth session). The seventieth session ran `decode_bench bwd_bench v128_ab
+# bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
+# decode_bench smask_ab v128_ab bwd192_bench` and `det_ratio` on four shapes on an H200
+# (docs/perf/README.md). The sixty-ninth session ran `dyn_tests` (passed), `bwd_bench
 # bwd192_bench sdk_ab` and `v128_ab` on H100s, then the (192, 128) tile it took and its
 # tests (docs/perf/README.md). The sixty-seventh session ran `table66_tests w_tests
 # bwd_touched det_ratio` and the rest of the backward sweep on an H100 (every test passed;
@@ -136,7 +137,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(bwd_bench bwd192_bench v128_ab preov_ab sdk_ab sdk_rows det_ratio)
+[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab sdk_rows det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')

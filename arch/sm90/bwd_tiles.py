@@ -728,8 +728,10 @@ def _bwd_tiles(
         # causal, windows, softcap, GQA, deterministic, packed). On an H200, before the
         # overlaps, the causal rows had lost (above, and tune_bwd_d192v128_sd2_h200.json, 30
         # reps: 4k causal 404.8 / 399.0, 16k causal 451.9 / 443.9, 1k causal 263.5 / 264.2;
-        # 4k 439.5 / 449.4): taken under every mask on the H100's run with today's kernels,
-        # the H200 A/B owed (scripts/gpu_pending.sh v128_ab).
+        # 4k 439.5 / 449.4). With today's kernels it wins on an H200 too, the causal rows
+        # included (seventieth session, tune_bwd_v128_s70_h200.json, round-robin, TFLOP/s, old /
+        # this tile): 4k 440.7 / 449.1, 16k 461.9 / 469.5, 1k 349.2 / 363.2, 4k causal 414.1 /
+        # 417.6, 16k causal 458.2 / 462.7; so taken under every mask.
         own_dq = head_dim_v == 128 or not varlen
         return BwdTileConfig(
             tile_m=64, tile_n=96, num_stages=2, dkv_swap_ab=True,
