@@ -1010,14 +1010,19 @@ def run_bench(args) -> int:
     """Entry point for `python -m cute_attn bench` (args from cli.add_bench_arguments)."""
     import torch
 
+    rows = preset_rows(args.preset)
+    if args.filter:
+        rows = [r for r in rows if all(f in r.name for f in args.filter)]
+        if not rows:
+            # an empty run would still write an empty JSON and exit 0 (as `check` does, fail)
+            words = " ".join(args.filter)
+            print(f"no {args.preset} row matched --filter {words} (a row must contain every word)")
+            return 1
     if not torch.cuda.is_available():
         print("no CUDA GPU found: nothing to benchmark")
         return 0
     device = torch.device("cuda", torch.cuda.current_device())
     dtype = getattr(torch, _DTYPES[args.dtype])
-    rows = preset_rows(args.preset)
-    if args.filter:
-        rows = [r for r in rows if all(f in r.name for f in args.filter)]
     if getattr(args, "deterministic", False):
         rows = [dataclasses.replace(r, name=r.name + " det", deterministic=True) for r in rows]
     impls = list(args.impls or ALL_IMPLS)

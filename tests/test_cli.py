@@ -116,6 +116,15 @@ def test_bench_without_gpu_says_so(tmp_path):
     assert not out.exists()
 
 
+def test_bench_filter_matching_nothing_fails(tmp_path):
+    # the words must all be in one row's name: d128 and d96 never are, so nothing would run
+    out = tmp_path / "b.json"
+    res = _run("bench", "--preset", "bwd", "--filter", "d128", "d96", "--out", str(out))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "no bwd row matched --filter d128 d96" in res.stdout
+    assert not out.exists()
+
+
 def test_bench_rejects_unknown_impl():
     with pytest.raises(SystemExit) as e:
         cli.build_parser().parse_args(["bench", "--impls", "nope"])
