@@ -1014,7 +1014,7 @@ def run_bench(args) -> int:
     if args.filter:
         rows = [r for r in rows if all(f in r.name for f in args.filter)]
         if not rows:
-            # an empty run would still write an empty JSON and exit 0 (as `check` does, fail)
+            # fail, as `check` does: an empty run would write an empty JSON and exit 0
             words = " ".join(args.filter)
             print(f"no {args.preset} row matched --filter {words} (a row must contain every word)")
             return 1

@@ -40,7 +40,9 @@
 #   v128_ab     scripts/tune_bwd_sm90.py: (192, 128): the table (one dS buffer, two dO
 #               stages) against the old form (two dS buffers, one dO stage), unmasked and
 #               causal
-#   smask_ab    scripts/tune_bwd_sm90.py: split_mask_loops off / on, D = 128's causal rows
+#   smask_ab    scripts/tune_bwd_sm90.py: split_mask_loops, and the last 8 causal L2 sections
+#               as one, each against the table on D = 128's causal rows (seventieth session,
+#               an H200: neither taken)
 #   sdk_ab      scripts/tune_bwd_sm90.py: BwdTileConfig.s_under_dk (the next query tile's S^T
 #               issued before the wait for this tile's dK) off / on, on the taller tiles
 #               (the script does not take the short-rows bucket), D = 64 / 96 / 128 unmasked
@@ -185,10 +187,11 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_v128_$gpu.json" > "$OUT/tune_bwd_v128.log" 2>&1 ;;
     smask_ab)
       # split_mask_loops (the query tiles that see every key in a mask-free loop of their own)
-      # on D = 128's 80-row causal tile, never measured there (on the old 64-row tile and on
-      # D = 96's 96 rows it tied or lost); spill-free for sm_90a. And the last 8 causal L2
-      # sections as one (where a section holds at most 2 pairs: the 16k row) against the
-      # table's 4 (the sixty-sixth session measured 1 / 2 / 4)
+      # on D = 128's 80-row causal tile (on the old 64-row tile and on D = 96's 96 rows it
+      # tied or lost; spill-free for sm_90a), and the last 8 causal L2 sections as one (where
+      # a section holds at most 2 pairs: the 16k row) against the table's 4 (the sixty-sixth
+      # session measured 1 / 2 / 4). On an H200 (seventieth session) -0.5% and +0.4% at 16k
+      # causal, the latter within the script's A/A spread: neither taken
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-16k-causal,d128-4k-causal,gqa-d128-4k-causal,d128-2k-causal \
           --variant base= --variant smask=split_mask_loops=True \
