@@ -179,8 +179,9 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_bwd_m64_$gpu.json" > "$OUT/tune_bwd_m64.log" 2>&1 ;;
     v128_ab)
       # (192, 128): the table's one dS buffer with two dO stages (the sixty-ninth session's
-      # change) against the old two dS buffers and one dO stage. Until the seventieth session
-      # this step compared the table with itself (an A/A run: tune_bwd_v128_same_s70_h100)
+      # change) against the old two dS buffers and one dO stage. Once that change was in the
+      # table, the step's old form compared it with itself (the seventieth session's first
+      # run, an A/A: tune_bwd_v128_same_s70_h100)
       timeout 400 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d192v128-4k,d192v128-16k,d192v128-1k,d192v128-4k-causal,d192v128-16k-causal \
           --variant old=single_ds=False,do_stages=1 --variant table= \
