@@ -79,6 +79,8 @@
 #   det_w2_tests  every deterministic backward GPU test (57) on the table's two writers
 #   det_ratio   the same script: the default order / deterministic on the bench's shapes
 #               (DET_RATIO_SHAPES: a comma-separated subset)
+#   cta_cost    scripts/bwd_cta_cost.py: a backward CTA's fixed cost (launch, prologue,
+#               epilogue) fitted from unmasked D=128 timings at two key lengths, cute_attn and FA4
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -509,6 +511,11 @@ d192-4k-causal,d192v128-4k-causal}" \
             --reps 20 --no-check --no-plot --out "$OUT/bench_bwd_order_${tag}_$gpu.json" \
             > "$OUT/bench_bwd_order_$tag.log" 2>&1
       done ;;
+    cta_cost)
+      # a backward CTA's fixed cost (scripts/bwd_cta_cost.py): unmasked D=128 at Sk 4k / 8k
+      # over five query lengths each, cute_attn and FA4 round-robin
+      timeout 200 python3 scripts/bwd_cta_cost.py --reps 20 \
+          --out "$OUT/bwd_cta_cost_$gpu.json" > "$OUT/bwd_cta_cost.log" 2>&1 ;;
     sdk_rows)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
@@ -618,6 +625,7 @@ for step in "${steps[@]}"; do
     softcap96) tail -8 "$OUT/gpu_tests_softcap96.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
+    cta_cost) tail -26 "$OUT/bwd_cta_cost.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
     smask_ab) tail -14 "$OUT/tune_bwd_smask.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;
