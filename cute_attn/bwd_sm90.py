@@ -37,6 +37,7 @@ import torch
 from . import dispatch, reference
 from .arch.common.dq_flat import DqFlatTile
 from .arch.common.tail_model import tail_split
+from .arch.common.timeline import TIMELINE_WORDS
 from .arch.sm90.bwd_tiles import (
     BWD_HEAD_DIMS,
     BWD_PRE_CTAS,
@@ -277,11 +278,15 @@ def _tail_split(num_tiles: int, num_sms: int, steps: int, post_overlap: bool) ->
 def run_bwd(
     q, k, v, out, lse, dout, p: AttnProblem, dlse=None, key: BwdKey | None = None,
     pre_ctas: int | None = None, tail: tuple[int, int] | None = None,
+    timeline: torch.Tensor | None = None,
 ):  # fmt: skip
     """dq, dk, dv of the SM90 kernel, in the input dtype. lse (B, H, Sq) fp32 natural log.
     `key`: a variant other than the tuning table's, `pre_ctas`: a persistent preprocess grid
     other than bwd_tiles.BWD_PRE_CTAS, `tail`: (tail tiles, parts) for a tail_split variant
-    other than its model's (scripts/tune_bwd_sm90.py, the GPU tests)."""
+    other than its model's (scripts/tune_bwd_sm90.py, the GPU tests); `timeline`: with a
+    `timeline` variant, an int32 tensor of at least (B x H x key tiles) x TIMELINE_WORDS
+    words that the CTAs' event records fill (arch/common/timeline.py,
+    scripts/bwd_timeline.py)."""
     b, sq, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
     if b == 0 or sq == 0 or sk == 0:
@@ -329,6 +334,12 @@ def run_bwd(
             lead = 2 * num_n  # (never deterministic: FlashBwdSm90 rejects it)
         else:
             tail_acc = lse_log2.view(-1)  # unread: no allocation
+    if cfg.timeline:
+        if timeline is None or timeline.dtype != torch.int32 or not timeline.is_contiguous():
+            raise ValueError("a timeline variant needs a contiguous int32 `timeline` tensor")
+        if timeline.numel() < num_tiles * TIMELINE_WORDS:
+            raise ValueError(f"timeline of {timeline.numel()} words for {num_tiles} CTAs")
+        tail_acc = timeline.view(torch.float32).view(-1)
     if p.deterministic or overlap or parts > 1:
         sem = torch.zeros((b, h, lead + 2 * overlap), dtype=torch.int32, device=q.device)
     else:

@@ -81,6 +81,9 @@
 #               (DET_RATIO_SHAPES: a comma-separated subset)
 #   cta_cost    scripts/bwd_cta_cost.py: a backward CTA's fixed cost (launch, prologue,
 #               epilogue) fitted from unmasked D=128 timings at two key lengths, cute_attn and FA4
+#   timeline    scripts/bwd_timeline.py: the backward's SM time split CTA by CTA (walks, CTA
+#               start and end, gaps between CTAs, idle SMs) on the D=128 16k / 4k and D=96 4k
+#               causal rows, and the short-rows tile at D=96 4k / D=128 2k causal
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
 #               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
 #               80 rows with it, against the table
@@ -516,6 +519,16 @@ d192-4k-causal,d192v128-4k-causal}" \
       # over five query lengths each, cute_attn and FA4 round-robin
       timeout 200 python3 scripts/bwd_cta_cost.py --reps 20 \
           --out "$OUT/bwd_cta_cost_$gpu.json" > "$OUT/bwd_cta_cost.log" 2>&1 ;;
+    timeline)
+      # where the backward's SM time goes, CTA by CTA (scripts/bwd_timeline.py): the D=128
+      # 16k rows (tail_split off in both kernels there), 4k causal, D=96 4k causal (the table's
+      # 96 rows; its short-rows tile in the second run)
+      timeout 240 python3 scripts/bwd_timeline.py --reps 10 \
+          --shapes d128-16k,d128-16k-causal,d128-4k-causal,d128-4k,d96-4k-causal \
+          --out "$OUT/bwd_timeline_$gpu.json" > "$OUT/bwd_timeline.log" 2>&1
+      timeout 120 python3 scripts/bwd_timeline.py --reps 10 --shapes d96-4k-causal,d128-2k-causal \
+          --variant tile_m=64,dq_flat=False,s_under_dk=True \
+          --out "$OUT/bwd_timeline_short_$gpu.json" > "$OUT/bwd_timeline_short.log" 2>&1 ;;
     sdk_rows)
       timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
@@ -626,6 +639,7 @@ for step in "${steps[@]}"; do
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
     cta_cost) tail -26 "$OUT/bwd_cta_cost.log" ;;
+    timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
     smask_ab) tail -14 "$OUT/tune_bwd_smask.log" ;;
     sdk_ab) tail -26 "$OUT/tune_bwd_sdk.log"; tail -6 "$OUT/tune_bwd_sdk_det.log" ;;

@@ -8,6 +8,7 @@ atol covers rounding the fp32 reference gradient to the input dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -17,6 +18,7 @@ from compile_snippet import HGMMA_SHAPES, MASK_WINDOWS, run_json_snippet
 
 import cute_attn.dispatch
 from cute_attn import flash_attn_func, last_backward_dispatch
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 from cute_attn.reference import attention_ref
 
 from gpu_cases import (
@@ -793,6 +795,45 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         assert v["shapes"] == {f"64x{n}x16": 24, f"64x{n}x16 tnspA": 8,
                                "64x128x16": rows // 8}, r  # fmt: skip
         assert v["waits"] <= 6, r
+
+
+_TIMELINE_SNIPPET = r"""
+import dataclasses, json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
+out = {}
+for on in (False, True):
+    cfg = dataclasses.replace(bwd_tile_config(128, 128, True, False), timeline=on)
+    spec = BwdSpec("bfloat16", 128, 128, 8, 8, False, True, False, cfg)  # causal: right bound
+    sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+    out[str(on)] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                    "hgmma": sass.count("HGMMA"), "clock": sass.count("SR_CLOCKLO"),
+                    "timer": sass.count("SR_GLOBALTIMERLO"), "smid": sass.count("SR_VIRTID")
+                    + sass.count("SR_SMID")}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_timeline_records_only_when_asked(tmp_path):
+    # BwdTileConfig.timeline (scripts/bwd_timeline.py): the D=128 causal kernel reads the SM
+    # clock at its six events and the global timer at two, spill-free with the same wgmmas;
+    # without it no special register is read
+    r = run_json_snippet(_TIMELINE_SNIPPET, tmp_path, timeout=900)
+    off, on = r["False"], r["True"]
+    if not off["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert off["clock"] == off["timer"] == 0 and off["spills"] == 0, r
+    assert on["clock"] >= 6 and on["timer"] >= 2 and on["spills"] == 0, r
+    assert on["hgmma"] == off["hgmma"], r
+
+
+def test_bwd_timeline_excludes_tail_split():
+    # both use the tail workspace
+    with pytest.raises(ValueError, match="timeline"):
+        dataclasses.replace(bwd_tile_config(128, 128, False, False), timeline=True)
 
 
 _POST_OVERLAP_SNIPPET = r"""

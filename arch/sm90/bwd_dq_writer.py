@@ -35,6 +35,7 @@ from cutlass import Int32
 from ..common.mask import TileMask
 from ..common.schedule import TailSplit, tail_slot
 from ..common.seqlen import SeqInfo
+from ..common.timeline import W_CLK_WRITER_END, clock, stamp
 from .primitives import tma_tiles
 
 
@@ -96,6 +97,7 @@ class BwdDqWriter:
         ready_rows: Int32,
         writer: Int32,
         tail: TailSplit,
+        mTimeline: cute.Tensor | None,
     ):
         roles = self.roles
         lane = cute.arch.lane_idx()
@@ -200,6 +202,9 @@ class BwdDqWriter:
                         self._add_when_landed(done, lane)
                 else:
                     self._add_when_landed(done, lane)
+        if cutlass.const_expr(self.config.timeline):
+            if lane == 0 and writer == 0:
+                stamp(mTimeline, W_CLK_WRITER_END, clock())
 
     @cute.jit
     def _writer_of(self, walked: Int32) -> Int32:

@@ -169,8 +169,14 @@ class BwdTileConfig:
     # working set is k sections' while they run (arch/common/schedule.py, L2Sections.create);
     # only where a section holds at most BWD_L2_LAST_MAX_PAIRS pairs (decided at launch)
     l2_last_sections: int = 1
+    # diagnostics only (never in the table): each CTA records its SM, work and event clocks
+    # into the tail workspace's buffer (arch/common/timeline.py; run_bwd's `timeline`,
+    # scripts/bwd_timeline.py), which tail_split would otherwise own
+    timeline: bool = False
 
     def __post_init__(self):
+        if self.timeline and self.tail_split:
+            raise ValueError("timeline records into tail_split's workspace: not both")
         if self.l2_last_sections < 1 or (self.l2_last_sections > 1 and not self.l2_section_bytes):
             raise ValueError(f"l2_last_sections {self.l2_last_sections}: 1, or more with sections")
         if self.s_under_dk and (self.dkv_swap_ab or self.split_mask_loops):

@@ -147,7 +147,8 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     dq_accum, sem) are padded per sequence (seqlen.padded_row_offset) and the cu_seqlens are
     int32 vectors; else they are None.
     spec.config.tail_split: tail_acc is an fp32 vector (FlashBwdSm90.__call__), sem holds two
-    counters per key tile first; else tail_acc is None and tail_start / tail_parts unread."""
+    counters per key tile first; spec.config.timeline: tail_acc is the CTAs' event records
+    (arch/common/timeline.py); else tail_acc is None and tail_start / tail_parts unread."""
     dtype = DTYPES[spec.dtype]
     kernel = FlashBwdSm90(*_kernel_args(spec), spec.deterministic, spec.varlen, spec.group_heads)
     h, d, dv = spec.num_heads, spec.head_dim, spec.head_dim_v
@@ -168,7 +169,7 @@ def compile_bwd(spec: BwdSpec, options: str = "", jit_engine: bool = True):
     )
     cu = [_fake_int32_vector(), _fake_int32_vector()] if spec.varlen else [None, None]
     tail_acc = None
-    if spec.config.tail_split:
+    if spec.config.tail_split or spec.config.timeline:
         tail_acc = cute.runtime.make_fake_compact_tensor(
             cutlass.Float32, (cute.sym_int(),), assumed_align=16
         )

@@ -119,6 +119,23 @@ from ..common.schedule import (
     tail_split_coords,
 )
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
+from ..common.timeline import (
+    W_CLK_EPI_END,
+    W_CLK_KV,
+    W_CLK_LOOP_END,
+    W_CLK_READY,
+    W_CLK_START,
+    W_GT_END,
+    W_GT_START,
+    W_HEAD,
+    W_N_BLOCK,
+    W_SMID,
+    W_WALK,
+    clock,
+    globaltimer_lo,
+    smid,
+    stamp,
+)
 from .bwd_dq_writer import BwdDqWriter
 from .bwd_tiles import BWD_HEAD_DIMS, BWD_L2_LAST_MAX_PAIRS, BwdTileConfig, bwd_l2_row_bytes
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
@@ -636,6 +653,11 @@ class FlashBwdSm90(BwdDqWriter):
         tail: TailSplit,
     ):
         roles = self.roles
+        timeline = self.config.timeline  # mTailAcc is the CTAs' event records
+        if cutlass.const_expr(timeline):
+            if cute.arch.thread_idx()[0] == 0:
+                stamp(mTailAcc, W_CLK_START, clock())
+                stamp(mTailAcc, W_GT_START, globaltimer_lo())
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.load_warp:
             for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE):
@@ -706,6 +728,12 @@ class FlashBwdSm90(BwdDqWriter):
             m_lo = m_min + span * part // parts
             m_max = m_min + span * (part + 1) // parts
             m_min = m_lo
+        if cutlass.const_expr(timeline):
+            if cute.arch.thread_idx()[0] == 0:
+                stamp(mTailAcc, W_SMID, smid())
+                stamp(mTailAcc, W_N_BLOCK, n_block)
+                stamp(mTailAcc, W_HEAD, head)
+                stamp(mTailAcc, W_WALK, m_max - m_min)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
         if cutlass.const_expr(self.post_overlap):
@@ -724,14 +752,14 @@ class FlashBwdSm90(BwdDqWriter):
                         tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
                         tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
                         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
-                        seq, row_off, n_block, head, m_min, m_max, mSem,
+                        seq, row_off, n_block, head, m_min, m_max, mSem, mTailAcc,
                     )  # fmt: skip
                 # the dQ writers: warp 1, and (dq_writers > 1) the warps after it
                 last_writer = roles.dq_warp + self.config.dq_writers - 1
                 if warp_idx >= roles.dq_warp and warp_idx <= last_writer:
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
-                        m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp, tail,
+                        m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp, tail, mTailAcc,
                     )  # fmt: skip
             else:
                 cute.arch.setmaxregister_increase(roles.mma_regs)
@@ -775,6 +803,7 @@ class FlashBwdSm90(BwdDqWriter):
         m_min: Int32,
         m_max: Int32,
         mSem: cute.Tensor,
+        mTimeline: cute.Tensor | None,
     ):
         head_kv = head * self.heads_per_cta // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
@@ -815,6 +844,9 @@ class FlashBwdSm90(BwdDqWriter):
                 tLsL, tLgL = tma_tiles(tma_atom_LSE, sLSE, gLSE, rank=1)
                 tDsD, tDgD = tma_tiles(tma_atom_Dsum, sDsum, gDsum, rank=1)
                 self._wait_ready(mSem, head_q, qb, mLSE.shape[0])
+                if cutlass.const_expr(self.config.timeline):
+                    if cute.arch.lane_idx() == 0:
+                        stamp(mTimeline, W_CLK_READY, clock())
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     pipe_q.producer_acquire(state)
                     q_bar = pipe_q.producer_get_barrier(state)
@@ -1007,6 +1039,9 @@ class FlashBwdSm90(BwdDqWriter):
         if m_max > m_min:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipe_kv.consumer_wait(kv_state)
+            if cutlass.const_expr(self.config.timeline):
+                if tidx == 0:
+                    stamp(mTailAcc, W_CLK_KV, clock())
             consumer = pipeline.PipelineUserType.Consumer
             state = pipeline.make_pipeline_state(consumer, self.num_stages)
             # dO, D and P: their own stages (BwdTileConfig.do_stages), with a state of their
@@ -1190,6 +1225,9 @@ class FlashBwdSm90(BwdDqWriter):
                     barrier_id=roles.bar_ds_free + wg, number_of_threads=roles.num_mma_threads
                 )
             pipe_kv.consumer_release(kv_state)
+            if cutlass.const_expr(self.config.timeline):
+                if tidx == 0:
+                    stamp(mTailAcc, W_CLK_LOOP_END, clock())
         # balance the writer's last arrive on dq_empty (it also means the last reduce read
         # sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half
         # buffer that arrive is the first warpgroup's
@@ -1206,7 +1244,7 @@ class FlashBwdSm90(BwdDqWriter):
         if final:
             self.epilogue(
                 tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sdK, sV,
-                acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale,
+                acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale, mTailAcc,
             )  # fmt: skip
 
     # ------------------------------------------------------------------ epilogue role
@@ -1228,6 +1266,7 @@ class FlashBwdSm90(BwdDqWriter):
         n_block: Int32,
         head: Int32,
         softmax_scale: Float32,
+        mTimeline: cute.Tensor | None,
     ):
         roles = self.roles
         r_dk = cute.make_rmem_tensor_like(acc_dk, self.dtype)
@@ -1267,6 +1306,10 @@ class FlashBwdSm90(BwdDqWriter):
             cute.copy(tma_atom_dV, tdVsdV, tdVgdV)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(self.config.timeline):
+                if cute.arch.lane_idx() == 0:
+                    stamp(mTimeline, W_CLK_EPI_END, clock())
+                    stamp(mTimeline, W_GT_END, globaltimer_lo())
 
     @cute.jit
     def _tail_fixup(
