@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `preov_ab sdk_ab sdk_rows det_ratio` (det_ratio's four lowest shapes ran on an H200 in the
-# seventieth session). The seventieth session ran `decode_bench bwd_bench v128_ab
+# `timeline sdk_rows cta_cost preov_ab sdk_ab det_ratio` (det_ratio's four lowest shapes ran
+# on an H200 in the seventieth session; timeline and cta_cost are the seventy-first session's
+# diagnostics, which no machine ran: call timeline first, then sdk_rows, then cta_cost). The
+# seventieth session ran `decode_bench bwd_bench v128_ab
 # bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
 # decode_bench smask_ab v128_ab bwd192_bench` and `det_ratio` on four shapes on an H200
 # (docs/perf/README.md). The sixty-ninth session ran `dyn_tests` (passed), `bwd_bench
@@ -85,8 +87,8 @@
 #               start and end, gaps between CTAs, idle SMs) on the D=128 16k / 4k and D=96 4k
 #               causal rows, and the short-rows tile at D=96 4k / D=128 2k causal
 #   sdk_rows    the same script under the causal mask at D = 128 / 96 (and D = 96 unmasked):
-#               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, and the
-#               80 rows with it, against the table
+#               64 query rows (dQ^T, swizzled staging), with and without s_under_dk, with it
+#               on the flat staging, and the 80 rows with it, against the table
 #   pack_tests  the packed-GQA GPU tests (padded groups, pack_gqa=True, the wide decode tile)
 #   new_tests   the wide-grid tests (KV-cache, varlen, varlen over a cache; decode view), the
 #               memo-hit tests (KV-cache, varlen) and the varlen bound-launcher tests of the
@@ -144,7 +146,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(preov_ab sdk_ab sdk_rows det_ratio)
+[ ${#steps[@]} -eq 0 ] && steps=(timeline sdk_rows cta_cost preov_ab sdk_ab det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -530,10 +532,13 @@ d192-4k-causal,d192v128-4k-causal}" \
           --variant tile_m=64,dq_flat=False,s_under_dk=True \
           --out "$OUT/bwd_timeline_short_$gpu.json" > "$OUT/bwd_timeline_short.log" 2>&1 ;;
     sdk_rows)
-      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 \
+      # m64f_sdk: the 64 rows with the flat dQ staging (never timed past 1k causal; builds
+      # spill-free for sm_90a at D=128 causal, seventy-first session)
+      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
           --variant base= --variant m64=tile_m=64,dq_flat=False \
           --variant m64_sdk=tile_m=64,dq_flat=False,s_under_dk=True \
+          --variant m64f_sdk=tile_m=64,s_under_dk=True \
           --variant m80_sdk=tile_m=80,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_rows_$gpu.json" > "$OUT/tune_bwd_sdk_rows.log" 2>&1 ;;
     bwd_l2)
@@ -637,7 +642,7 @@ for step in "${steps[@]}"; do
     bwd_touched) tail -8 "$OUT/gpu_tests_bwd_touched.log" ;;
     softcap96) tail -8 "$OUT/gpu_tests_softcap96.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
-    sdk_rows) tail -22 "$OUT/tune_bwd_sdk_rows.log" ;;
+    sdk_rows) tail -27 "$OUT/tune_bwd_sdk_rows.log" ;;
     cta_cost) tail -26 "$OUT/bwd_cta_cost.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
