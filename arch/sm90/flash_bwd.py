@@ -83,6 +83,9 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     pipelines and dQ handoff; dK / dV keep accumulating in registers across the query heads
     and are stored once, per KV head. Without it a CTA per query head writes dK / dV per query
     head and the host sums them.
+  * diagnostics (BwdTileConfig.timeline, never in the table): each CTA records its SM, work
+    and the SM clock at its events in the tail workspace's buffer (arch/common/timeline.py,
+    scripts/bwd_timeline.py); without it no special register is read.
 
 Host side (cute_attn.bwd_sm90) prepares lse_log2 (+inf for empty rows and padding) and
 D = rowsum(dO * O) - dlse, zeroes the fp32 dQ accumulator, and afterwards scales and converts
