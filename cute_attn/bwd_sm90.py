@@ -144,6 +144,8 @@ class BwdAuxKey(KernelKey):
     # preprocess: a persistent grid beside the main kernel, counting ready rows
     # (BwdTileConfig.pre_overlap)
     persistent: bool = False
+    # both: the padded rows' padding comes first (BwdTileConfig.end_aligned)
+    front_pad: bool = False
 
 
 @compiled_cache("sm90_bwd_aux", exportable=True)
@@ -156,10 +158,11 @@ def build_bwd_aux(key: BwdAuxKey):
         return c.compile_bwd_preprocess(
             key.dtype, key.head_dim, key.head_dim_v, opts, jit_engine=engine, varlen_tile_m=tm,
             dq_flat_dim=flat_dim, dlse=key.dlse, persistent=key.persistent,
+            front_pad=key.front_pad,
         )  # fmt: skip
     return c.compile_bwd_postprocess(
         key.dtype, key.head_dim, opts, jit_engine=engine, varlen_tile_m=tm, dq_flat=key.dq_flat,
-        wait_done=key.wait_done,
+        wait_done=key.wait_done, front_pad=key.front_pad,
     )  # fmt: skip
 
 
@@ -174,11 +177,13 @@ def _aux_keys(
     wait_done: bool = False,
     persistent: bool = False,
     dlse: bool = False,
+    front_pad: bool = False,
 ) -> tuple[BwdAuxKey, BwdAuxKey]:
     return (
         BwdAuxKey(arch, "pre", dtype, d, dv, varlen_tile_m, dq_flat, dlse=dlse,
-                  persistent=persistent),
-        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat, wait_done),
+                  persistent=persistent, front_pad=front_pad),
+        BwdAuxKey(arch, "post", dtype, d, dv, varlen_tile_m, dq_flat, wait_done,
+                  front_pad=front_pad),
     )  # fmt: skip
 
 
@@ -296,7 +301,7 @@ def run_bwd(
     overlap = cfg.post_overlap or cfg.pre_overlap
     pre_key, post_key = _aux_keys(
         key.arch, p.dtype, d, dv_dim, 0, _flat_fields(cfg, d), cfg.post_overlap, cfg.pre_overlap,
-        dlse is not None,
+        dlse is not None, cfg.end_aligned,
     )  # fmt: skip
     dout, out = _tma_ready(dout), _tma_ready(out)
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `timeline sdk_rows cta_cost preov_ab sdk_ab det_ratio` (det_ratio's four lowest shapes ran
-# on an H200 in the seventieth session; timeline and cta_cost are the seventy-first session's
-# diagnostics, which no machine ran: call timeline first, then sdk_rows, then cta_cost). The
+# `align_tests align_ab timeline sdk_rows cta_cost preov_ab sdk_ab det_ratio` (det_ratio's
+# four lowest shapes ran on an H200 in the seventieth session; end_aligned, timeline and
+# cta_cost are the seventy-first session's, which no machine ran: call `align_tests align_ab`
+# first, then timeline, then sdk_rows, then cta_cost). The
 # seventieth session ran `decode_bench bwd_bench v128_ab
 # bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
 # decode_bench smask_ab v128_ab bwd192_bench` and `det_ratio` on four shapes on an H200
@@ -83,6 +84,9 @@
 #               (DET_RATIO_SHAPES: a comma-separated subset)
 #   cta_cost    scripts/bwd_cta_cost.py: a backward CTA's fixed cost (launch, prologue,
 #               epilogue) fitted from unmasked D=128 timings at two key lengths, cute_attn and FA4
+#   align_tests the GPU tests of BwdTileConfig.end_aligned (forced on the flat-dQ tiles, no
+#               short-rows bucket: 18 cases); align_ab: its A/B against the table on the
+#               causal rows of the 80- and 96-row tiles (tune_bwd_sm90.py)
 #   timeline    scripts/bwd_timeline.py: the backward's SM time split CTA by CTA (walks, CTA
 #               start and end, gaps between CTAs, idle SMs) on the D=128 16k / 4k and D=96 4k
 #               causal rows, and the short-rows tile at D=96 4k / D=128 2k causal
@@ -146,7 +150,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(timeline sdk_rows cta_cost preov_ab sdk_ab det_ratio)
+[ ${#steps[@]} -eq 0 ] && steps=(align_tests align_ab timeline sdk_rows cta_cost preov_ab sdk_ab
+                                det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
@@ -521,6 +526,17 @@ d192-4k-causal,d192v128-4k-causal}" \
       # over five query lengths each, cute_attn and FA4 round-robin
       timeout 200 python3 scripts/bwd_cta_cost.py --reps 20 \
           --out "$OUT/bwd_cta_cost_$gpu.json" > "$OUT/bwd_cta_cost.log" 2>&1 ;;
+    align_ab)
+      # BwdTileConfig.end_aligned (query tiles aligned to the sequence's end; the seventy-first
+      # session's CPU arithmetic: 2.8% / 1.1% / 0.2% fewer causal tile-steps at D=128 4k / 8k
+      # / 16k, 0.4% at D=96 16k) against the table, on the causal rows of the 80- and 96-row
+      # tiles; D=128 16k unmasked as a control (the same tile count either way)
+      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+          --shapes d128-4k-causal,d128-8k-causal,d128-16k-causal,d96-16k-causal,d128-16k \
+          --variant aligned=end_aligned=True \
+          --out "$OUT/tune_bwd_align_$gpu.json" > "$OUT/tune_bwd_align.log" 2>&1 ;;
+    align_tests)
+      gpu_tests 400 gpu_tests_end_aligned.log tests/test_bwd_sm90.py -k end_aligned ;;
     timeline)
       # where the backward's SM time goes, CTA by CTA (scripts/bwd_timeline.py): the D=128
       # 16k rows (tail_split off in both kernels there), 4k causal, D=96 4k causal (the table's
@@ -644,6 +660,8 @@ for step in "${steps[@]}"; do
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
     sdk_rows) tail -27 "$OUT/tune_bwd_sdk_rows.log" ;;
     cta_cost) tail -26 "$OUT/bwd_cta_cost.log" ;;
+    align_ab) tail -14 "$OUT/tune_bwd_align.log" ;;
+    align_tests) tail -6 "$OUT/gpu_tests_end_aligned.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
     smask_ab) tail -14 "$OUT/tune_bwd_smask.log" ;;

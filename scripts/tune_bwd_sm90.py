@@ -35,6 +35,7 @@ SHAPES = {  # name: (batch, seqlen, heads, head_dim, causal) -- the bench's back
     "d128-16k-causal": (1, 16384, 16, 128, True),
     "d128-4k": (4, 4096, 16, 128, False),
     "d128-8k": (2, 8192, 16, 128, False),
+    "d128-8k-causal": (2, 8192, 16, 128, True),
     "d128-4k-causal": (4, 4096, 16, 128, True),
     "d128-1k": (16, 1024, 16, 128, False),
     "d128-1k-causal": (16, 1024, 16, 128, True),

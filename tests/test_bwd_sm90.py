@@ -797,6 +797,122 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         assert v["waits"] <= 6, r
 
 
+def _force_end_aligned(monkeypatch):
+    """BwdTileConfig.end_aligned on every dense key with the flat dQ tiles, and no short-rows
+    bucket (its 64-row tiles keep the swizzled staging), so the table's 80- / 96-row tiles run
+    with it whatever the length."""
+    import cute_attn.bwd_sm90 as host
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
+
+    table = host.bwd_key
+
+    def forced(p, *args, **kw):
+        key = table(p, *args, **kw)
+        cfg = BwdTileConfig(*key.tile)
+        if p.varlen or not cfg.dq_flat:
+            return key
+        cfg = dataclasses.replace(cfg, end_aligned=True)
+        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
+
+    monkeypatch.setattr(host, "bwd_key", forced)
+    monkeypatch.setattr(host, "bwd_short_rows", lambda *a, **kw: False)
+
+
+# BwdTileConfig.end_aligned: the query tiles aligned to the sequence's end (333 rows: 67
+# padding rows before row 0 on the 80-row tile, 51 on the 96-row one), against the reference
+# under the causal mask with as many keys, more and fewer (rows that see no key), two windows,
+# the lse gradient and unmasked; the deterministic order bitwise over runs (softcap's tiles
+# have no flat dQ)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(96, 96), (128, 128)])
+@pytest.mark.parametrize(
+    "sk,kw",
+    [
+        (333, {"causal": True}),
+        (777, {"causal": True}),
+        (201, {"causal": True}),
+        (500, {"window_size": (100, 50)}),
+        (600, {"window_size": (200, 0)}),
+        (333, {}),
+    ],
+)  # fmt: skip
+def test_bwd_end_aligned(monkeypatch, built_bwd_keys, dims, sk, kw):
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
+
+    _force_end_aligned(monkeypatch)
+    q, k, v, dout = _inputs(2, 333, sk, 4, 2, *dims, torch.bfloat16)
+    _check(q, k, v, dout, **kw)
+    if kw == {"causal": True} and sk == 333:
+        _check(q, k, v, dout, lse_grad=True, **kw)
+        _check(q, k, v, dout, deterministic=True, **kw)
+        _assert_bitwise(q, k, v, dout, 3, deterministic=True, **kw)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and any(c.end_aligned for c in cfgs), cfgs
+
+
+# ... on longer rows (the persistent preprocess's items over several tiles), fp16, a length
+# that is a multiple of the tile (no padding: the plain grid) and one tile of rows
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq", [80, 2001, 2080])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bwd_end_aligned_lengths(monkeypatch, built_bwd_keys, sq, dtype):
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
+
+    _force_end_aligned(monkeypatch)
+    _check(*_inputs(1, sq, sq, 3, 3, 128, 128, dtype), causal=True)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.end_aligned for c in cfgs), cfgs
+
+
+def test_bwd_end_aligned_needs_flat_dq():
+    # its padding rows are the flat tiles' first: the row-order accumulator has none
+    with pytest.raises(ValueError, match="end_aligned"):
+        dataclasses.replace(bwd_tile_config(128, 128, True, False), dq_flat=False, end_aligned=True)
+
+
+_END_ALIGNED_SNIPPET = r"""
+import dataclasses, json, os, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.common.dq_flat import DqFlatTile
+from cute_attn.arch.sm90.compile import (BwdSpec, compile_bwd, compile_bwd_postprocess,
+                                         compile_bwd_preprocess)
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
+def opts():
+    return f"--keep-cubin --dump-dir={tempfile.mkdtemp()}"
+def info(fn):
+    sass = _sass(fn.__cubin__)
+    return {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+            "hgmma": sass.count("HGMMA")}
+out = {}
+for d in (96, 128):
+    for on in (False, True):
+        cfg = dataclasses.replace(bwd_tile_config(d, d, True, False), end_aligned=on)
+        spec = BwdSpec("bfloat16", d, d, 8, 8, False, True, False, cfg)
+        out[f"main {d} {on}"] = info(compile_bwd(spec, opts()))
+    flat = cfg.dq_flat_tile(d)
+    for persistent in (False, True):
+        out[f"pre {d} {persistent}"] = info(compile_bwd_preprocess(
+            "bfloat16", d, d, opts(), dq_flat_dim=flat.acc_dim, persistent=persistent,
+            front_pad=True))
+    out[f"post {d}"] = info(compile_bwd_postprocess(
+        "bfloat16", d, opts(), dq_flat=dataclasses.astuple(flat), wait_done=True, front_pad=True))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_end_aligned_builds(tmp_path):
+    # end_aligned's main kernel (D = 96 / 128 causal) keeps the table's wgmmas, spill-free;
+    # the front-padded preprocess (both forms) and postprocess build spill-free
+    r = run_json_snippet(_END_ALIGNED_SNIPPET, tmp_path, timeout=900)
+    if not r["main 128 False"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    assert all(v["spills"] == 0 for v in r.values()), r
+    for d in (96, 128):
+        assert r[f"main {d} True"]["hgmma"] == r[f"main {d} False"]["hgmma"], r
+
+
 _TIMELINE_SNIPPET = r"""
 import dataclasses, json, os, tempfile
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"

@@ -23,6 +23,10 @@ grid's last wave runs. Each first waits (thread 0 polls with acquire loads, then
 barrier) until its (batch, head)'s count in `done` reaches `done_target`. Each main CTA adds
 1 there once its dQ adds into that head have landed.
 
+Front padding (`front_pad`, BwdTileConfig.end_aligned; dense flat tiles): the tiles' padding
+rows come first, so tile m's padded row r is query row m * tile_m + r - s (s = the padded rows
+less seqlen_q) and the rows before query row 0 are not stored.
+
 Constraints: head_dim a multiple of 8; dq_acc and dq 16-byte aligned, dim contiguous.
 """
 
@@ -50,6 +54,7 @@ class BwdPostprocess:
         varlen_tile_m: int = 0,
         flat: DqFlatTile | None = None,
         wait_done: bool = False,
+        front_pad: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -58,11 +63,16 @@ class BwdPostprocess:
         # launched as the main kernel's programmatic dependent (BwdTileConfig.post_overlap):
         # each CTA first waits until its (batch, head) done count reaches done_target
         self.wait_done = wait_done
+        # the flat tiles' padding rows come first (BwdTileConfig.end_aligned): padded row p
+        # holds query row p - s, s = the padded rows less seqlen_q
+        self.front_pad = front_pad
         self._setup_attributes()
 
     def _setup_attributes(self):
         if self.head_dim % 8:
             raise ValueError("head_dim must be a multiple of 8 (16-byte vectors)")
+        if self.front_pad and (self.varlen_tile_m or self.flat is None):
+            raise ValueError("front padding: dense flat dQ tiles only")
         if self.wait_done and self.varlen_tile_m:
             raise ValueError("wait_done counts the dense grid's CTAs per (batch, head)")
         # 4-element runs: row_threads counts 16-bit elements in 16-byte vectors, so twice the
@@ -167,6 +177,10 @@ class BwdPostprocess:
             b = Int32(0)
             start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mdQ.shape[1], tm)
         row0 = m_block * tm
+        # the query row of the tile's first padded row (front_pad: s rows earlier)
+        first = row0
+        if cutlass.const_expr(self.front_pad):
+            first = row0 - (cute.ceil_div(seqlen, tm) * tm - seqlen)
         sT = cutlass.memory.SmemAllocator().allocate_tensor(
             self.dtype, cute.make_layout((tm, self.flat_row), stride=(self.flat_row, 1)), 16
         )
@@ -192,9 +206,12 @@ class BwdPostprocess:
             for i in cutlass.range_constexpr(-(-tm * vecs // NUM_THREADS)):
                 idx = i * NUM_THREADS + tidx
                 q, vec = idx // vecs, idx % vecs
-                if idx < tm * vecs and row0 + q < seqlen:
+                store = idx < tm * vecs and first + q < seqlen
+                if cutlass.const_expr(self.front_pad):
+                    store = store and first + q >= 0
+                if store:
                     g_row = cute.make_tensor(
-                        mdQ[b, start + row0 + q, head, None].iterator,
+                        mdQ[b, start + first + q, head, None].iterator,
                         cute.make_layout((8, vecs), stride=(1, 8)),
                     )
                     cute.autovec_copy(sT_v[None, vec, q], g_row[None, vec])

@@ -25,6 +25,10 @@ tile's 96) and a tile holds its elements in the main kernel's order (arch/common
 so its every row is cleared, padding rows and columns included: the tile's real elements sit
 anywhere in it.
 
+Front padding (`front_pad`, BwdTileConfig.end_aligned; dense flat tiles only): the padding
+rows come first, so padded row p holds query row p - s (s = padded rows - seqlen_q) and rows
+p < s get +inf / 0, as the main kernel's query tiles are aligned to the sequence's end.
+
 The lse gradient (`dlse`): when lse is used downstream its gradient enters D, so dsum = dot
 - dlse[b, h, i] on the query rows (dlse laid out like lse).
 
@@ -106,6 +110,7 @@ class BwdPreprocess:
         dq_flat_dim: int = 0,
         dlse: bool = False,
         persistent: bool = False,
+        front_pad: bool = False,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -118,6 +123,9 @@ class BwdPreprocess:
         self.dlse = dlse
         # a grid of a few CTAs beside the main kernel, counting ready rows per (batch, head)
         self.persistent = persistent
+        # the padding rows at the front (BwdTileConfig.end_aligned): padded row p holds query
+        # row p - s, s = the padded rows less seqlen_q
+        self.front_pad = front_pad
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -125,6 +133,8 @@ class BwdPreprocess:
             raise ValueError("head dims must be multiples of 8 (16-byte vectors)")
         if self.persistent and self.varlen_tile_m:
             raise ValueError("the persistent preprocess walks the dense (batch, head) pairs")
+        if self.front_pad and (self.varlen_tile_m or not self.dq_flat_dim):
+            raise ValueError("front padding: dense rows of whole flat dQ tiles only")
         self.threads_per_row = row_threads(self.head_dim_v, 32)
         # 16-byte vectors a thread loads of dO / O (8 elements each) and clears of dQ (4 fp32)
         self.o_vecs = self.head_dim_v // (8 * self.threads_per_row)
@@ -195,8 +205,10 @@ class BwdPreprocess:
             b = Int32(0)
             start, seqlen, pad = varlen_rows(mCuSeqlensQ, batch, mO.shape[1], tm)
             rows = cute.ceil_div(seqlen, tm) * tm
+        if cutlass.const_expr(self.front_pad):
+            start = seqlen - rows  # query row start + row of padded row `row`
         dot = Float32(0.0)
-        if row < seqlen:
+        if self._is_query(row, start, seqlen):
             r_o, r_do = self._load_row(mO, mdO, b, start + row, head, lane)
             dot = self._dot(r_o, r_do)
         self._finish_row(
@@ -225,6 +237,9 @@ class BwdPreprocess:
         # this warp's first row group: the warp's count covers its groups of each pass
         warp_group0 = cute.arch.make_warp_uniform(tidx // 32) * self.groups_per_warp
         seqlen, rows = mO.shape[1], mLSE2.shape[2]
+        start = Int32(0)  # query row start + row of padded row `row`
+        if cutlass.const_expr(self.front_pad):
+            start = seqlen - rows
         heads = cute.size(mO.shape[2])
         per_pair = cute.ceil_div(rows, self.item_rows)
         num_items = per_pair * heads * cute.size(mO.shape[0])
@@ -236,17 +251,21 @@ class BwdPreprocess:
             pair = item // per_pair
             row0 = (item - pair * per_pair) * self.item_rows
             head, b = pair % heads, pair // heads
-            # every load first (rows past the query rows load the last one; zeroed below)
+            # every load first (padding rows load the last query row, or under front_pad the
+            # first; zeroed below)
             loaded = []
             for u in cutlass.range_constexpr(self.unroll):
                 row = row0 + u * self.rows_per_cta + group
                 src = cutlass.min(row, seqlen - 1)
+                if cutlass.const_expr(self.front_pad):
+                    src = cutlass.max(row + start, 0)  # (row < rows: at most seqlen - 1)
                 loaded.append(self._load_row(mO, mdO, b, src, head, lane))
             for u in cutlass.range_constexpr(self.unroll):
                 row = row0 + u * self.rows_per_cta + group
-                dot = cutlass.select_(row < seqlen, self._dot(*loaded[u]), Float32(0.0))
+                real = self._is_query(row, start, seqlen)
+                dot = cutlass.select_(real, self._dot(*loaded[u]), Float32(0.0))
                 self._finish_row(
-                    mLSE, mdLSE, mLSE2, mDsum, mdQacc, b, Int32(0), Int32(0), row, head, lane,
+                    mLSE, mdLSE, mLSE2, mDsum, mdQacc, b, start, Int32(0), row, head, lane,
                     seqlen, rows, dot,
                 )  # fmt: skip
             # the warp's rows of this item (below `rows`) are written: count them ready. The
@@ -262,6 +281,14 @@ class BwdPreprocess:
                         (b, head, mReady.shape[2] - 1), mReady.layout
                     )
                     cute.arch.atomic_add(ptr, done, sem="release", scope="gpu")
+
+    @cute.jit
+    def _is_query(self, row: Int32, start: Int32, seqlen: Int32) -> cutlass.Boolean:
+        """Whether padded row `row` holds a query row (start + row): the first seqlen padded
+        rows, or under front_pad the last seqlen."""
+        if cutlass.const_expr(self.front_pad):
+            return row + start >= 0 and row + start < seqlen
+        return row < seqlen
 
     @cute.jit
     def _load_row(self, mO, mdO, b, row, head, lane):
@@ -299,7 +326,7 @@ class BwdPreprocess:
         dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
         if lane == 0 and row < rows:
             lse2 = Float32.inf
-            if row < seqlen:
+            if self._is_query(row, start, seqlen):
                 lse = mLSE[b, head, start + row]
                 lse2 = cutlass.select_(lse == -Float32.inf, Float32.inf, lse * LOG2E)
                 if cutlass.const_expr(self.dlse):

@@ -169,12 +169,23 @@ class BwdTileConfig:
     # working set is k sections' while they run (arch/common/schedule.py, L2Sections.create);
     # only where a section holds at most BWD_L2_LAST_MAX_PAIRS pairs (decided at launch)
     l2_last_sections: int = 1
+    # the query tiles aligned to the end of the sequence, where the bottom-right causal
+    # diagonal is anchored, not to its start: tile m holds rows m * tile_m - s .. (m + 1) *
+    # tile_m - s - 1 with s = (-seqlen_q) mod tile_m, so the partial tile is the first one
+    # (every key tile's walk under the causal mask ends at the last tile, and only the
+    # first key tiles' walks start at tile 0). The s rows before row 0 load as TMA zeros and
+    # sit at the front of the padded per-row buffers (lse_log2 +inf, D 0, the flat dQ tiles'
+    # first rows, which the postprocess skips); the mask sees seqlen_q rounded up to the
+    # tile. Needs the flat dQ accumulator (whole padded tiles); dense only
+    end_aligned: bool = False
     # diagnostics only (never in the table): each CTA records its SM, work and event clocks
     # into the tail workspace's buffer (arch/common/timeline.py; run_bwd's `timeline`,
     # scripts/bwd_timeline.py), which tail_split would otherwise own
     timeline: bool = False
 
     def __post_init__(self):
+        if self.end_aligned and not self.dq_flat:
+            raise ValueError("end_aligned pads the front of the flat dQ tiles: needs dq_flat")
         if self.timeline and self.tail_split:
             raise ValueError("timeline records into tail_split's workspace: not both")
         if self.l2_last_sections < 1 or (self.l2_last_sections > 1 and not self.l2_section_bytes):

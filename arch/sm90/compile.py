@@ -192,13 +192,15 @@ def compile_bwd_preprocess(
     dq_flat_dim: int = 0,
     dlse: bool = False,
     persistent: bool = False,
+    front_pad: bool = False,
 ):
     """TVM-FFI function (out, dout, lse, dlse, lse_log2, dsum, dq_accum, cu_seqlens_q,
     max_seqlen_q, ready, num_ctas); see BwdPreprocess (varlen_tile_m > 0: packed,
     cu_seqlens_q an int32 vector; else None; dq_flat_dim > 0: register-order dQ tiles, the
     accumulator's rows that wide and padded like lse_log2's; dlse: the lse gradient, laid out
     like lse, else None; persistent: ready is the main kernel's (batch, heads, x) int32 sem
-    and num_ctas the grid, else None and unused)."""
+    and num_ctas the grid, else None and unused; front_pad: the padded rows' padding first,
+    BwdTileConfig.end_aligned)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     o = _fake_bshd(dtype, h, head_dim_v, b, sq)
@@ -213,7 +215,9 @@ def compile_bwd_preprocess(
         )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPreprocess(dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim, dlse, persistent),
+        BwdPreprocess(
+            dtype, head_dim, head_dim_v, varlen_tile_m, dq_flat_dim, dlse, persistent, front_pad
+        ),
         o, do, _fake_rows(b, h, sq), _fake_rows(b, h, sq) if dlse else None,
         _fake_rows(b, h, sq_pad), _fake_rows(b, h, sq_pad), dq_acc, cu, cutlass.Int32(1), ready,
         cutlass.Int32(1), stream, options=options, jit_engine=jit_engine,
@@ -228,11 +232,13 @@ def compile_bwd_postprocess(
     varlen_tile_m: int = 0,
     dq_flat: tuple[int, int, int] = (),
     wait_done: bool = False,
+    front_pad: bool = False,
 ):
     """TVM-FFI function (dq_accum, dq, softmax_scale, cu_seqlens_q, max_seqlen_q, done,
     done_target); see BwdPostprocess (varlen_tile_m as in compile_bwd_preprocess; dq_flat:
     the main kernel's DqFlatTile fields, whose accumulator rows are padded to whole tiles;
-    wait_done: done is the main kernel's (batch, heads, x) int32 sem, else None)."""
+    wait_done: done is the main kernel's (batch, heads, x) int32 sem, else None; front_pad:
+    the flat tiles' padding rows first, BwdTileConfig.end_aligned)."""
     dtype = DTYPES[dtype_name]
     b, sq, sq_pad, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     flat = DqFlatTile(*dq_flat) if dq_flat else None
@@ -248,7 +254,7 @@ def compile_bwd_postprocess(
         )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return _compile(
-        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat, wait_done), dq_acc, dq,
+        BwdPostprocess(dtype, head_dim, varlen_tile_m, flat, wait_done, front_pad), dq_acc, dq,
         cutlass.Float32(1.0), cu, cutlass.Int32(1), done, cutlass.Int32(1), stream,
         options=options, jit_engine=jit_engine,
     )  # fmt: skip

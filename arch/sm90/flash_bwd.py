@@ -83,6 +83,10 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     pipelines and dQ handoff; dK / dV keep accumulating in registers across the query heads
     and are stored once, per KV head. Without it a CTA per query head writes dK / dV per query
     head and the host sums them.
+  * end-aligned query tiles (BwdTileConfig.end_aligned): the partial tile is the first, which
+    only the first key tiles walk under the causal mask, not the last, which all walk. Q and
+    dO load from row -s (TMA zero-fills rows before 0), the per-row buffers put the padding
+    first (front_pad) and the mask counts rows from there: the diagonal does not move;
   * diagnostics (BwdTileConfig.timeline, never in the table): each CTA records its SM, work
     and the SM clock at its events in the tail workspace's buffer (arch/common/timeline.py,
     scripts/bwd_timeline.py); without it no special register is read.
@@ -301,6 +305,10 @@ class FlashBwdSm90(BwdDqWriter):
         self.pre_overlap = cfg.pre_overlap
         if (self.post_overlap or self.pre_overlap) and self.varlen:
             raise ValueError("post_overlap / pre_overlap count per dense (batch, head)")
+        # query tiles aligned to the sequence's end (BwdTileConfig.end_aligned)
+        self.end_aligned = cfg.end_aligned
+        if self.end_aligned and self.varlen:
+            raise ValueError("end_aligned: dense only (packed rows pad each sequence's end)")
         # the grid's last key tiles split by query tiles (BwdTileConfig.tail_split): a linear
         # grid of one CTA a key tile and query head
         self.tail_split = cfg.tail_split
@@ -713,10 +721,15 @@ class FlashBwdSm90(BwdDqWriter):
         row_off = Int32(0)
         if cutlass.const_expr(self.varlen):
             row_off = padded_row_offset(seq.offset_q, batch, self.tile_m)
+        # end_aligned: rows counted from the front padding (the diagonal, anchored at the last
+        # row, stays put; padding rows have zero Q and dO and lse_log2 +inf: P = dS = 0)
+        mask_rows = seq.seqlen_q
+        if cutlass.const_expr(self.end_aligned):
+            mask_rows = cute.ceil_div(seq.seqlen_q, self.tile_m) * self.tile_m
         mask = TileMask(
             self.tile_m,
             self.tile_n,
-            seq.seqlen_q,
+            mask_rows,
             seq.seqlen_k,
             window_left,
             window_right,
@@ -834,8 +847,8 @@ class FlashBwdSm90(BwdDqWriter):
             state_do = pipeline.make_pipeline_state(producer, self.do_stages)
             for g in cutlass.range(self.heads_per_cta, unroll=1):
                 head_q = head * self.heads_per_cta + g
-                gQ = cute.local_tile(self._head_rows(seq, mQ, head_q), (tm, d), (None, 0))
-                gdO = cute.local_tile(self._head_rows(seq, mdO, head_q), (tm, dv), (None, 0))
+                gQ = cute.local_tile(self._query_rows(seq, mQ, head_q), (tm, d), (None, 0))
+                gdO = cute.local_tile(self._query_rows(seq, mdO, head_q), (tm, dv), (None, 0))
                 gLSE = cute.local_tile(
                     self._padded_rows(mLSE[None, head_q, qb], row_off), (tm,), (None,)
                 )
@@ -1396,6 +1409,16 @@ class FlashBwdSm90(BwdDqWriter):
         if keys:
             return seq.rows_k(t[None, None, head, seq.kv_batch])
         return seq.rows_q(t[None, None, head, seq.q_batch])
+
+    def _query_rows(self, seq: SeqInfo, t: cute.Tensor, head: Int32):
+        """q / dO rows of one head as the query tiles take them: from row 0, or under
+        end_aligned from row -s (s = (-seqlen_q) mod tile_m), so the first tile is the partial
+        one; TMA zero-fills the rows before row 0."""
+        rows = self._head_rows(seq, t, head)
+        if cutlass.const_expr(self.end_aligned):
+            front = cute.ceil_div(seq.seqlen_q, self.tile_m) * self.tile_m - seq.seqlen_q
+            rows = cute.domain_offset((-front, 0), rows)
+        return rows
 
     def _padded_rows(self, t: cute.Tensor, row_off: Int32) -> cute.Tensor:
         """t's rows from this sequence's first one in a padded per-row buffer (varlen)."""
