@@ -37,7 +37,6 @@ import torch
 from . import dispatch, reference
 from .arch.common.dq_flat import DqFlatTile
 from .arch.common.tail_model import tail_split
-from .arch.common.timeline import TIMELINE_WORDS
 from .arch.sm90.bwd_tiles import (
     BWD_HEAD_DIMS,
     BWD_PRE_CTAS,
@@ -340,6 +339,8 @@ def run_bwd(
         else:
             tail_acc = lse_log2.view(-1)  # unread: no allocation
     if cfg.timeline:
+        from .arch.common.timeline import TIMELINE_WORDS  # (imports cutlass: diagnostics only)
+
         if timeline is None or timeline.dtype != torch.int32 or not timeline.is_contiguous():
             raise ValueError("a timeline variant needs a contiguous int32 `timeline` tensor")
         if timeline.numel() < num_tiles * TIMELINE_WORDS:
