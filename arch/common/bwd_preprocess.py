@@ -258,7 +258,8 @@ class BwdPreprocess:
                 row = row0 + u * self.rows_per_cta + group
                 src = cutlass.min(row, seqlen - 1)
                 if cutlass.const_expr(self.front_pad):
-                    src = cutlass.max(row + start, 0)  # (row < rows: at most seqlen - 1)
+                    # (an item's rows run past `rows` at the end: clamped both ways)
+                    src = cutlass.max(cutlass.min(row + start, seqlen - 1), 0)
                 loaded.append(self._load_row(mO, mdO, b, src, head, lane))
             for u in cutlass.range_constexpr(self.unroll):
                 row = row0 + u * self.rows_per_cta + group
