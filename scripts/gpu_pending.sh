@@ -85,7 +85,7 @@
 #   cta_cost    scripts/bwd_cta_cost.py: a backward CTA's fixed cost (launch, prologue,
 #               epilogue) fitted from unmasked D=128 timings at two key lengths, cute_attn and FA4
 #   align_tests the GPU tests of BwdTileConfig.end_aligned (forced on the flat-dQ tiles, no
-#               short-rows bucket: 18 cases); align_ab: its A/B against the table on the
+#               short-rows bucket: 20 cases); align_ab: its A/B against the table on the
 #               causal rows of the 80- and 96-row tiles (tune_bwd_sm90.py)
 #   timeline    scripts/bwd_timeline.py: the backward's SM time split CTA by CTA (walks, CTA
 #               start and end, gaps between CTAs, idle SMs) on the D=128 16k / 4k and D=96 4k

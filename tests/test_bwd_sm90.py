@@ -797,10 +797,10 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
         assert v["waits"] <= 6, r
 
 
-def _force_end_aligned(monkeypatch):
-    """BwdTileConfig.end_aligned on every dense key with the flat dQ tiles, and no short-rows
-    bucket (its 64-row tiles keep the swizzled staging), so the table's 80- / 96-row tiles run
-    with it whatever the length."""
+def _force_end_aligned(monkeypatch, **fields):
+    """BwdTileConfig.end_aligned (and `fields`) on every dense key with the flat dQ tiles, and
+    no short-rows bucket (its 64-row tiles keep the swizzled staging), so the table's 80- /
+    96-row tiles run with it whatever the length."""
     import cute_attn.bwd_sm90 as host
     from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
@@ -811,7 +811,7 @@ def _force_end_aligned(monkeypatch):
         cfg = BwdTileConfig(*key.tile)
         if p.varlen or not cfg.dq_flat:
             return key
-        cfg = dataclasses.replace(cfg, end_aligned=True)
+        cfg = dataclasses.replace(cfg, end_aligned=True, **fields)
         return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
 
     monkeypatch.setattr(host, "bwd_key", forced)
@@ -862,6 +862,19 @@ def test_bwd_end_aligned_lengths(monkeypatch, built_bwd_keys, sq, dtype):
     _check(*_inputs(1, sq, sq, 3, 3, 128, 128, dtype), causal=True)
     cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
     assert cfgs and all(c.end_aligned for c in cfgs), cfgs
+
+
+# ... with the preprocess launched before the main grid (pre_overlap off: its one-row-a-group
+# form, front-padded too) and the postprocess after it
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(96, 96), (128, 128)])
+def test_bwd_end_aligned_no_overlap(monkeypatch, built_bwd_keys, dims):
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
+
+    _force_end_aligned(monkeypatch, pre_overlap=False, post_overlap=False)
+    _check(*_inputs(2, 333, 400, 4, 2, *dims, torch.bfloat16), causal=True)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.end_aligned and not c.pre_overlap for c in cfgs), cfgs
 
 
 def test_bwd_end_aligned_needs_flat_dq():
