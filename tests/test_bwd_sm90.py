@@ -939,8 +939,7 @@ for on in (False, True):
     sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
     out[str(on)] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
                     "hgmma": sass.count("HGMMA"), "clock": sass.count("SR_CLOCKLO"),
-                    "timer": sass.count("SR_GLOBALTIMERLO"), "smid": sass.count("SR_VIRTID")
-                    + sass.count("SR_SMID")}
+                    "timer": sass.count("SR_GLOBALTIMERLO")}
 print(json.dumps(out))
 """
 
