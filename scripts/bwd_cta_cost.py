@@ -26,14 +26,7 @@ import statistics
 import torch
 
 import cute_attn
-
-
-def _fa4():
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception:  # noqa: BLE001 - any import failure means no FA4 here
-        return None
-    return flash_attn_func
+from cute_attn.bench import _fa4_func
 
 
 def main():
@@ -46,8 +39,9 @@ def main():
     ap.add_argument("--out", default="bwd_cta_cost.json")
     args = ap.parse_args()
     impls = {"cute_attn": cute_attn.flash_attn_func}
-    if _fa4() is not None:
-        impls["fa4"] = _fa4()
+    fa4 = _fa4_func()
+    if fa4 is not None:
+        impls["fa4"] = fa4
     h, d = args.heads, 128
     shapes = [(int(sk), int(sq)) for sk in args.sk.split(",") for sq in args.sq.split(",")]
     if args.causal:

@@ -798,23 +798,12 @@ def test_bwd_s_under_dk_reaches_the_kernel(tmp_path):
 
 
 def _force_end_aligned(monkeypatch, **fields):
-    """BwdTileConfig.end_aligned (and `fields`) on every dense key with the flat dQ tiles, and
-    no short-rows bucket (its 64-row tiles keep the swizzled staging), so the table's 80- /
-    96-row tiles run with it whatever the length."""
+    """BwdTileConfig.end_aligned (and `fields`) on every dense key, and no short-rows bucket
+    (its 64-row tiles keep the swizzled staging, which end_aligned rejects), so the table's
+    flat-dQ 80- / 96-row tiles run with it whatever the length."""
     import cute_attn.bwd_sm90 as host
-    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
-    table = host.bwd_key
-
-    def forced(p, *args, **kw):
-        key = table(p, *args, **kw)
-        cfg = BwdTileConfig(*key.tile)
-        if p.varlen or not cfg.dq_flat:
-            return key
-        cfg = dataclasses.replace(cfg, end_aligned=True, **fields)
-        return dataclasses.replace(key, tile=dataclasses.astuple(cfg))
-
-    monkeypatch.setattr(host, "bwd_key", forced)
+    force_bwd_tile(monkeypatch, when=lambda p: not p.varlen, end_aligned=True, **fields)
     monkeypatch.setattr(host, "bwd_short_rows", lambda *a, **kw: False)
 
 
