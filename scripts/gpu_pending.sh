@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `align_tests align_ab timeline sdk_rows cta_cost preov_ab sdk_ab det_ratio` (det_ratio's
-# four lowest shapes ran on an H200 in the seventieth session; end_aligned, timeline and
-# cta_cost are the seventy-first session's, which no machine ran: call `align_tests align_ab`
-# first, then timeline, then sdk_rows, then cta_cost). The
+# `epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab det_ratio` (det_ratio's four
+# lowest shapes ran on an H200 in the seventieth session). The seventy-second session ran
+# `align_tests align_ab timeline` on an H100 (end_aligned passed and won: now in the table;
+# the timeline's second run failed on a bad variant, since fixed); epi_* are its own, which no
+# machine ran: call `epi_tests epi_ab` first, then bwd_bench on an H200. The
 # seventieth session ran `decode_bench bwd_bench v128_ab
 # bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
 # decode_bench smask_ab v128_ab bwd192_bench` and `det_ratio` on four shapes on an H200
@@ -85,8 +86,11 @@
 #   cta_cost    scripts/bwd_cta_cost.py: a backward CTA's fixed cost (launch, prologue,
 #               epilogue) fitted from unmasked D=128 timings at two key lengths, cute_attn and FA4
 #   align_tests the GPU tests of BwdTileConfig.end_aligned (forced on the flat-dQ tiles, no
-#               short-rows bucket: 20 cases); align_ab: its A/B against the table on the
-#               causal rows of the 80- and 96-row tiles (tune_bwd_sm90.py)
+#               short-rows bucket: 20 cases); align_ab: the table (which takes it on the dense
+#               causal 80- and 96-row tiles) against it off (tune_bwd_sm90.py)
+#   epi_tests   the GPU tests of BwdTileConfig.epilogue_first (forced on every dense key: five
+#               head dims, unmasked, causal, deterministic bitwise, tail_split) and the table's
+#               end_aligned domain; epi_ab: its A/B against the table (tune_bwd_sm90.py)
 #   timeline    scripts/bwd_timeline.py: the backward's SM time split CTA by CTA (walks, CTA
 #               start and end, gaps between CTAs, idle SMs) on the D=128 16k / 4k and D=96 4k
 #               causal rows, and the short-rows tile at D=96 4k / D=128 2k causal
@@ -150,7 +154,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(align_tests align_ab timeline sdk_rows cta_cost preov_ab sdk_ab
+[ ${#steps[@]} -eq 0 ] && steps=(epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab
                                 det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
@@ -533,10 +537,22 @@ d192-4k-causal,d192v128-4k-causal}" \
       # tiles; D=128 16k unmasked as a control (the same tile count either way)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
           --shapes d128-4k-causal,d128-8k-causal,d128-16k-causal,d96-16k-causal,d128-16k \
-          --variant aligned=end_aligned=True \
+          --variant unaligned=end_aligned=False \
           --out "$OUT/tune_bwd_align_$gpu.json" > "$OUT/tune_bwd_align.log" 2>&1 ;;
     align_tests)
       gpu_tests 400 gpu_tests_end_aligned.log tests/test_bwd_sm90.py -k end_aligned ;;
+    epi_tests)
+      gpu_tests 450 gpu_tests_epilogue_first.log tests/test_bwd_sm90.py \
+          -k "epilogue_first or table_end_aligned" ;;
+    epi_ab)
+      # BwdTileConfig.epilogue_first (the seventy-second session's timeline, H100: a CTA's end
+      # is 1.0% of the D=128 16k causal grid's SM time and 3.6% of 4k causal's; its dK / dV
+      # store ran after the dQ writer's last add, 2.6-2.9 us against the writer's 1.7-1.9 us)
+      # against the table, on each head dim's tiles (D=96 4k causal: the short-rows tile)
+      timeout 480 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+          --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d128-4k,d128-16k,d64-4k,d256-4k-causal \
+          --variant epi=epilogue_first=True \
+          --out "$OUT/tune_bwd_epi_$gpu.json" > "$OUT/tune_bwd_epi.log" 2>&1 ;;
     timeline)
       # where the backward's SM time goes, CTA by CTA (scripts/bwd_timeline.py): the D=128
       # 16k rows (tail_split off in both kernels there), 4k causal, D=96 4k causal (the table's
@@ -545,15 +561,17 @@ d192-4k-causal,d192v128-4k-causal}" \
           --shapes d128-16k,d128-16k-causal,d128-4k-causal,d128-4k,d96-4k-causal \
           --out "$OUT/bwd_timeline_$gpu.json" > "$OUT/bwd_timeline.log" 2>&1
       timeout 120 python3 scripts/bwd_timeline.py --reps 10 --shapes d96-4k-causal,d128-2k-causal \
-          --variant tile_m=64,dq_flat=False,s_under_dk=True \
+          --variant tile_m=64,dq_flat=False,s_under_dk=True,dq_skip_zero_rows=False,end_aligned=False \
           --out "$OUT/bwd_timeline_short_$gpu.json" > "$OUT/bwd_timeline_short.log" 2>&1 ;;
     sdk_rows)
+      # the swizzled staging takes neither the flat tiles' zero-row skip (D=96) nor end_aligned
+      no_flat=dq_skip_zero_rows=False,end_aligned=False
       # m64f_sdk: the 64 rows with the flat dQ staging (never timed past 1k causal; builds
       # spill-free for sm_90a at D=128 causal, seventy-first session)
       timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
-          --variant base= --variant m64=tile_m=64,dq_flat=False \
-          --variant m64_sdk=tile_m=64,dq_flat=False,s_under_dk=True \
+          --variant base= --variant m64=tile_m=64,dq_flat=False,$no_flat \
+          --variant m64_sdk=tile_m=64,dq_flat=False,s_under_dk=True,$no_flat \
           --variant m64f_sdk=tile_m=64,s_under_dk=True \
           --variant m80_sdk=tile_m=80,s_under_dk=True \
           --out "$OUT/tune_bwd_sdk_rows_$gpu.json" > "$OUT/tune_bwd_sdk_rows.log" 2>&1 ;;
@@ -662,6 +680,8 @@ for step in "${steps[@]}"; do
     cta_cost) tail -26 "$OUT/bwd_cta_cost.log" ;;
     align_ab) tail -14 "$OUT/tune_bwd_align.log" ;;
     align_tests) tail -6 "$OUT/gpu_tests_end_aligned.log" ;;
+    epi_tests) tail -6 "$OUT/gpu_tests_epilogue_first.log" ;;
+    epi_ab) tail -16 "$OUT/tune_bwd_epi.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
     smask_ab) tail -14 "$OUT/tune_bwd_smask.log" ;;

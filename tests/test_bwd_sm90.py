@@ -866,6 +866,31 @@ def test_bwd_end_aligned_no_overlap(monkeypatch, built_bwd_keys, dims):
     assert cfgs and all(c.end_aligned and not c.pre_overlap for c in cfgs), cfgs
 
 
+# BwdTileConfig.epilogue_first (dK / dV stored before the wait for the dQ writer's last add)
+# on every dense key: each head dim's table tile (flat, swizzled, split-column and wide dQ
+# stagings; end_aligned's causal tiles) causal and unmasked, GQA over the host sum; under the
+# causal mask the deterministic order bitwise, and tail_split's parts (each one's fixup, then
+# the epilogue)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)])
+def test_bwd_epilogue_first(monkeypatch, built_bwd_keys, dims):
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
+
+    force_bwd_tile(monkeypatch, when=lambda p: not p.varlen, epilogue_first=True)
+    q, k, v, dout = _inputs(2, 1000, 1100, 4, 2, *dims, torch.bfloat16)
+    _check(q, k, v, dout)
+    _check(q, k, v, dout, causal=True)
+    _check(q, k, v, dout, causal=True, deterministic=True)
+    _assert_bitwise(q, k, v, dout, 3, causal=True, deterministic=True)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.epilogue_first for c in cfgs), cfgs
+    launched = _force_tail_split(monkeypatch, lambda tiles: (tiles // 3, 3))  # over the above
+    q, k, v, dout = _inputs(2, 1000, 1100, 6, 6, *dims, torch.bfloat16)
+    _check(q, k, v, dout, causal=True)
+    _assert_dkv_bitwise(q, k, v, dout, 3, causal=True)
+    assert launched and all(0 < s[0] and s[1] == 3 for s in launched), launched
+
+
 def test_bwd_end_aligned_needs_flat_dq():
     # its padding rows are the flat tiles' first: the row-order accumulator has none
     with pytest.raises(ValueError, match="end_aligned"):
@@ -892,6 +917,9 @@ for d in (96, 128):
         cfg = dataclasses.replace(bwd_tile_config(d, d, True, False), end_aligned=on)
         spec = BwdSpec("bfloat16", d, d, 8, 8, False, True, False, cfg)
         out[f"main {d} {on}"] = info(compile_bwd(spec, opts()))
+    epi = dataclasses.replace(cfg, epilogue_first=True)
+    spec = BwdSpec("bfloat16", d, d, 8, 8, False, True, False, epi)
+    out[f"main {d} epi"] = info(compile_bwd(spec, opts()))
     flat = cfg.dq_flat_tile(d)
     for persistent in (False, True):
         out[f"pre {d} {persistent}"] = info(compile_bwd_preprocess(
@@ -905,14 +933,39 @@ print(json.dumps(out))
 
 @pytest.mark.compile
 def test_bwd_end_aligned_builds(tmp_path):
-    # end_aligned's main kernel (D = 96 / 128 causal) keeps the table's wgmmas, spill-free;
-    # the front-padded preprocess (both forms) and postprocess build spill-free
-    r = run_json_snippet(_END_ALIGNED_SNIPPET, tmp_path, timeout=900)
+    # end_aligned's main kernel (D = 96 / 128 causal) keeps the wgmmas of the kernel without
+    # it, spill-free, and so does epilogue_first's; the front-padded preprocess (both forms)
+    # and postprocess build spill-free
+    r = run_json_snippet(_END_ALIGNED_SNIPPET, tmp_path, timeout=1200)
     if not r["main 128 False"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
     assert all(v["spills"] == 0 for v in r.values()), r
     for d in (96, 128):
-        assert r[f"main {d} True"]["hgmma"] == r[f"main {d} False"]["hgmma"], r
+        hgmma = r[f"main {d} False"]["hgmma"]
+        assert r[f"main {d} True"]["hgmma"] == r[f"main {d} epi"]["hgmma"] == hgmma, r
+
+
+def test_bwd_table_end_aligned_domain():
+    # the table's end_aligned: dense causal 80- / 96-row flat tiles, where it was measured
+    from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config as table
+
+    for d in (96, 128):
+        assert table(d, d, True, False).end_aligned
+        assert not table(d, d, False, False).end_aligned
+        assert not table(d, d, True, True).end_aligned  # a window
+        assert not table(d, d, True, False, softcap=True).end_aligned
+        assert not table(d, d, True, False, deterministic=True).end_aligned
+        assert not table(d, d, True, False, varlen=True).end_aligned
+        assert not table(d, d, True, False, group_heads=True).end_aligned
+        assert not table(d, d, True, False, short=True).end_aligned
+    assert not any(
+        table(d, v, True, False).end_aligned for d, v in ((64, 64), (192, 128), (256, 256))
+    )
+    assert not any(
+        table(*dims, c, False).epilogue_first
+        for dims in ((96, 96), (128, 128))
+        for c in (False, True)
+    )
 
 
 _TIMELINE_SNIPPET = r"""

@@ -889,11 +889,14 @@ def test_bwd_short_rows_rule_and_tiles():
             short = bwd_tile_config(d, d, causal, False, short=True)
             assert (base.tile_m, short.tile_m) == (long_rows, 64)
             # the same kernel on fewer rows, with the swizzled dQ staging (dq_flat lost at 64
-            # rows) and the next tile's S^T behind dK
+            # rows, and end_aligned, which pads the flat tiles, with it) and the next tile's
+            # S^T behind dK
             assert base.dq_flat and not short.dq_flat and short.s_under_dk
+            assert base.end_aligned == causal and not short.end_aligned
             assert short == dataclasses.replace(
-                base, tile_m=64, dq_flat=False, s_under_dk=True, dq_skip_zero_rows=False
-            )
+                base, tile_m=64, dq_flat=False, s_under_dk=True, dq_skip_zero_rows=False,
+                end_aligned=False,
+            )  # fmt: skip
             # softcap's tile has 64 rows already: the bucket changes nothing there
             sc = bwd_tile_config(d, d, causal, False, softcap=True)
             assert bwd_tile_config(d, d, causal, False, softcap=True, short=True) == sc

@@ -178,6 +178,10 @@ class BwdTileConfig:
     # first rows, which the postprocess skips); the mask sees seqlen_q rounded up to the
     # tile. Needs the flat dQ accumulator (whole padded tiles); dense only
     end_aligned: bool = False
+    # the consumers convert and store dK / dV before they wait for the dQ writer's last add
+    # to read its staging buffer (the wait only balances that arrive: the epilogue stages in
+    # K / V's buffers, not sdQ), so the CTA's end overlaps the two instead of chaining them
+    epilogue_first: bool = False
     # diagnostics only (never in the table): each CTA records its SM, work and event clocks
     # into the tail workspace's buffer (arch/common/timeline.py; run_bwd's `timeline`,
     # scripts/bwd_timeline.py), which tail_split would otherwise own
@@ -517,6 +521,21 @@ def bwd_tile_config(
         (short and head_dim in (96, 128)) or (head_dim == 128 and not causal)
     ):
         cfg = dataclasses.replace(cfg, s_under_dk=True)
+    # end_aligned: the query tiles end at the sequence's last row, so under the causal mask the
+    # partial tile is walked only by the first key tiles, not by all of them. Round-robin on an
+    # H100, ms, table / end_aligned (tune_bwd_align_s72_h100.json; same gradients): D=128 4k
+    # causal 1.323 / 1.293, 8k causal 2.379 / 2.356, 16k causal 4.360 / 4.358; D=96 16k causal
+    # 4.793 / 4.768; D=128 16k (unmasked, the same tile-steps either way) 8.503 / 8.483. The
+    # 80- and 96-row flat tiles (D=64's 128 rows leave no partial tile at the bench's lengths;
+    # the short-rows tiles are not flat); windows, softcap, group_heads and the deterministic
+    # order were not measured
+    if (
+        causal
+        and head_dim in (96, 128)
+        and cfg.dq_flat
+        and not (local or softcap or deterministic or varlen or group_heads or short)
+    ):
+        cfg = dataclasses.replace(cfg, end_aligned=True)
     # post_overlap (the postprocess converts each (batch, head) once its main CTAs are done,
     # on the SMs the main grid's last wave leaves idle). Round-robin on an H100, TFLOP/s,
     # table / post_overlap (tune_bwd_post_overlap_s56_h100.json; same gradients): D=128 4k

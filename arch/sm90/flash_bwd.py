@@ -33,7 +33,9 @@ below) and walks the query tiles (tile_m rows) that can see any of those keys:
     short-rows 64-row tiles) the next query tile's S^T is issued once dQ^T is staged, behind
     this tile's dK, and dQ^T accumulates in the S^T registers;
   * epilogue: dK (times softmax_scale) and dV converted, staged in the K/V smem and stored by
-    TMA (rows past seqlen_k clipped). A key tile no query sees stores zeros.
+    TMA (rows past seqlen_k clipped). A key tile no query sees stores zeros. With
+    BwdTileConfig.epilogue_first it runs before the wait for the dQ writer's last add, not
+    after, so the two overlap at the CTA's end.
   * deterministic (compile-time switch): the dQ writer of key tile n adds its partial of query
     tile m only after the key tiles left of it that see m did (a per-(batch, head, m) int32
     semaphore counts them), and waits for its add to land before releasing the next one. The
@@ -114,35 +116,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ..common import timeline as tl
 from ..common.dsl import wait_at_least
 from ..common.features import InputFeatures
 from ..common.layout import acc_as_operand_a, acc_as_rows_cols, select_modes, transpose_smem_view
 from ..common.mask import TileMask, apply_softcap
-from ..common.schedule import (
-    L2Sections,
-    TailSplit,
-    l2_section_coords,
-    tail_slot,
-    tail_split_coords,
-)
+from ..common.schedule import L2Sections, TailSplit, l2_section_coords, tail_slot, tail_split_coords
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
-from ..common.timeline import (
-    W_CLK_EPI_END,
-    W_CLK_KV,
-    W_CLK_LOOP_END,
-    W_CLK_READY,
-    W_CLK_START,
-    W_GT_END,
-    W_GT_START,
-    W_HEAD,
-    W_N_BLOCK,
-    W_SMID,
-    W_WALK,
-    clock,
-    globaltimer_lo,
-    smid,
-    stamp,
-)
 from .bwd_dq_writer import BwdDqWriter
 from .bwd_tiles import BWD_HEAD_DIMS, BWD_L2_LAST_MAX_PAIRS, BwdTileConfig, bwd_l2_row_bytes
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
@@ -667,8 +647,8 @@ class FlashBwdSm90(BwdDqWriter):
         timeline = self.config.timeline  # mTailAcc is the CTAs' event records
         if cutlass.const_expr(timeline):
             if cute.arch.thread_idx()[0] == 0:
-                stamp(mTailAcc, W_CLK_START, clock())
-                stamp(mTailAcc, W_GT_START, globaltimer_lo())
+                tl.stamp(mTailAcc, tl.W_CLK_START, tl.clock())
+                tl.stamp(mTailAcc, tl.W_GT_START, tl.globaltimer_lo())
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == roles.load_warp:
             for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_LSE):
@@ -746,10 +726,10 @@ class FlashBwdSm90(BwdDqWriter):
             m_min = m_lo
         if cutlass.const_expr(timeline):
             if cute.arch.thread_idx()[0] == 0:
-                stamp(mTailAcc, W_SMID, smid())
-                stamp(mTailAcc, W_N_BLOCK, n_block)
-                stamp(mTailAcc, W_HEAD, head)
-                stamp(mTailAcc, W_WALK, m_max - m_min)
+                tl.stamp(mTailAcc, tl.W_SMID, tl.smid())
+                tl.stamp(mTailAcc, tl.W_N_BLOCK, n_block)
+                tl.stamp(mTailAcc, tl.W_HEAD, head)
+                tl.stamp(mTailAcc, tl.W_WALK, m_max - m_min)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
         if cutlass.const_expr(self.post_overlap):
@@ -862,7 +842,7 @@ class FlashBwdSm90(BwdDqWriter):
                 self._wait_ready(mSem, head_q, qb, mLSE.shape[0])
                 if cutlass.const_expr(self.config.timeline):
                     if cute.arch.lane_idx() == 0:
-                        stamp(mTimeline, W_CLK_READY, clock())
+                        tl.stamp(mTimeline, tl.W_CLK_READY, tl.clock())
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     pipe_q.producer_acquire(state)
                     q_bar = pipe_q.producer_get_barrier(state)
@@ -1057,7 +1037,7 @@ class FlashBwdSm90(BwdDqWriter):
             pipe_kv.consumer_wait(kv_state)
             if cutlass.const_expr(self.config.timeline):
                 if tidx == 0:
-                    stamp(mTailAcc, W_CLK_KV, clock())
+                    tl.stamp(mTailAcc, tl.W_CLK_KV, tl.clock())
             consumer = pipeline.PipelineUserType.Consumer
             state = pipeline.make_pipeline_state(consumer, self.num_stages)
             # dO, D and P: their own stages (BwdTileConfig.do_stages), with a state of their
@@ -1243,15 +1223,9 @@ class FlashBwdSm90(BwdDqWriter):
             pipe_kv.consumer_release(kv_state)
             if cutlass.const_expr(self.config.timeline):
                 if tidx == 0:
-                    stamp(mTailAcc, W_CLK_LOOP_END, clock())
-        # balance the writer's last arrive on dq_empty (it also means the last reduce read
-        # sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half
-        # buffer that arrive is the first warpgroup's
-        if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
-            if wg == 0:
-                cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
-        else:
-            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+                    tl.stamp(mTailAcc, tl.W_CLK_LOOP_END, tl.clock())
+        if cutlass.const_expr(not self.config.epilogue_first):
+            self._drain_dq(wg, bar_dq_empty, dq_threads)
         final = cutlass.Boolean(True)
         if cutlass.const_expr(self.tail_split):
             final = self._tail_fixup(
@@ -1262,6 +1236,8 @@ class FlashBwdSm90(BwdDqWriter):
                 tiled_mma_dk, tiled_mma_dv, tma_atom_dK, mdK, tma_atom_dV, mdV, sdK, sV,
                 acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale, mTailAcc,
             )  # fmt: skip
+        if cutlass.const_expr(self.config.epilogue_first):
+            self._drain_dq(wg, bar_dq_empty, dq_threads)
 
     # ------------------------------------------------------------------ epilogue role
     @cute.jit
@@ -1324,8 +1300,8 @@ class FlashBwdSm90(BwdDqWriter):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
             if cutlass.const_expr(self.config.timeline):
                 if cute.arch.lane_idx() == 0:
-                    stamp(mTimeline, W_CLK_EPI_END, clock())
-                    stamp(mTimeline, W_GT_END, globaltimer_lo())
+                    tl.stamp(mTimeline, tl.W_CLK_EPI_END, tl.clock())
+                    tl.stamp(mTimeline, tl.W_GT_END, tl.globaltimer_lo())
 
     @cute.jit
     def _tail_fixup(
@@ -1388,6 +1364,17 @@ class FlashBwdSm90(BwdDqWriter):
         return final
 
     # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _drain_dq(self, wg: Int32, bar_dq_empty: Int32, dq_threads: int):
+        """Balance the writer's last arrive on dq_empty (it also means the last reduce read
+        sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half
+        buffer that arrive is the first warpgroup's."""
+        if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
+            if wg == 0:
+                cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+        else:
+            cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
+
     @cute.jit
     def _wait_ready(self, mSem: cute.Tensor, head_q: Int32, batch: Int32, rows: Int32):
         """pre_overlap: a warp waits until the persistent preprocess has written `rows` rows of
