@@ -544,6 +544,18 @@ d192-4k-causal,d192v128-4k-causal}" \
     epi_tests)
       gpu_tests 450 gpu_tests_epilogue_first.log tests/test_bwd_sm90.py \
           -k "epilogue_first or table_end_aligned" ;;
+    pers_tests)
+      gpu_tests 450 gpu_tests_persistent.log tests/test_bwd_sm90.py -k "bwd_persistent" ;;
+    pers_ab)
+      # BwdTileConfig.persistent_ctas (bwd_persistent.py; the timeline's CTA starts, ends and
+      # gaps: 1.9% of the D=128 16k causal grid, 7.0% of 4k causal's, H100) against the table,
+      # with the preprocess beside it (its 16 SMs' CTAs start late and keep their tiles) and
+      # before it
+      timeout 540 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+          --shapes d128-4k-causal,d128-16k-causal,d128-4k,d96-16k-causal,d64-4k \
+          --variant p132=persistent_ctas=132,tail_split=False \
+          --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
+          --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
     epi_ab)
       # BwdTileConfig.epilogue_first (the seventy-second session's timeline, H100: a CTA's end
       # is 1.0% of the D=128 16k causal grid's SM time and 3.6% of 4k causal's; its dK / dV
@@ -681,6 +693,8 @@ for step in "${steps[@]}"; do
     align_ab) tail -14 "$OUT/tune_bwd_align.log" ;;
     align_tests) tail -6 "$OUT/gpu_tests_end_aligned.log" ;;
     epi_tests) tail -6 "$OUT/gpu_tests_epilogue_first.log" ;;
+    pers_tests) tail -6 "$OUT/gpu_tests_persistent.log" ;;
+    pers_ab) tail -18 "$OUT/tune_bwd_persistent.log" ;;
     epi_ab) tail -16 "$OUT/tune_bwd_epi.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;

@@ -891,6 +891,30 @@ def test_bwd_epilogue_first(monkeypatch, built_bwd_keys, dims):
     assert launched and all(0 < s[0] and s[1] == 3 for s in launched), launched
 
 
+# BwdTileConfig.persistent_ctas: 5 CTAs over 72 tiles (each carries its pipelines and the dQ
+# handoff's ring from tile to tile, and stores dK / dV from registers, the last key tile's
+# rows past seqlen_k not stored) and 132 (more CTAs than tiles: some walk none), on each
+# head dim's table tile (D <= 128: flat and swizzled dQ stagings, the short-rows tiles under
+# the causal mask, end_aligned), unmasked, causal over more keys than queries, a window and
+# the lse gradient; the preprocess beside the grid and before it
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128)])
+@pytest.mark.parametrize("ctas", [5, 132])
+def test_bwd_persistent(monkeypatch, built_bwd_keys, dims, ctas):
+    from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
+
+    force_bwd_tile(monkeypatch, when=lambda p: not p.varlen, persistent_ctas=ctas, tail_split=False)
+    q, k, v, dout = _inputs(2, 1000, 1100, 4, 4, *dims, torch.bfloat16)
+    _check(q, k, v, dout)
+    _check(q, k, v, dout, causal=True)
+    _check(q, k, v, dout, window_size=(300, 100), lse_grad=True)
+    cfgs = [BwdTileConfig(*key.tile) for key in built_bwd_keys]
+    assert cfgs and all(c.persistent_ctas == ctas for c in cfgs), cfgs
+    if ctas == 5:
+        force_bwd_tile(monkeypatch, pre_overlap=False, post_overlap=False)
+        _check(*_inputs(1, 2500, 2500, 3, 3, *dims, torch.float16), causal=True)
+
+
 def test_bwd_end_aligned_needs_flat_dq():
     # its padding rows are the flat tiles' first: the row-order accumulator has none
     with pytest.raises(ValueError, match="end_aligned"):

@@ -98,7 +98,11 @@ class BwdDqWriter:
         writer: Int32,
         tail: TailSplit,
         mTimeline: cute.Tensor | None,
+        pre_arrive: bool = True,
     ):
+        """One key tile's dQ adds. `pre_arrive` (compile-time): hand the consumers every
+        staging buffer empty first; a persistent CTA does that once, before its first tile
+        (`dq_buffers_empty`), since the handoff barriers run on from tile to tile."""
         roles = self.roles
         lane = cute.arch.lane_idx()
         # BwdTileConfig.dq_writers > 1: the writers take the walk's tiles in turn (counted
@@ -115,12 +119,8 @@ class BwdDqWriter:
         # a buffer per warpgroup: its own, or (dq_wg_handoff) its half of the one buffer
         own_bufs = self.dq_wg_bufs or self.dq_wg_handoff
         step = roles.bar_dq_wg_step
-        # every buffer starts empty (one shared half buffer: for the first warpgroup)
-        if writer == 0:
-            for buf in cutlass.range_constexpr(parts if own_bufs else self.config.dq_stages):
-                cute.arch.barrier_arrive(
-                    barrier_id=roles.bar_dq_empty + step * buf, number_of_threads=threads
-                )
+        if cutlass.const_expr(pre_arrive):
+            self.dq_buffers_empty(writer)
         walked = Int32(0)  # query tiles walked, over every query head
         for g in cutlass.range(self.heads_per_cta, unroll=1):
             head_q = head * self.heads_per_cta + g
@@ -205,6 +205,22 @@ class BwdDqWriter:
         if cutlass.const_expr(self.config.timeline):
             if lane == 0 and writer == 0:
                 stamp(mTimeline, W_CLK_WRITER_END, clock())
+
+    @cute.jit
+    def dq_buffers_empty(self, writer: Int32):
+        """Every staging buffer starts empty (one shared half buffer: for the first
+        warpgroup): the first writer's arrive on each dq_empty barrier."""
+        roles = self.roles
+        parts, threads = self.config.dq_units, roles.dq_sync_threads
+        if cutlass.const_expr(parts > 1):
+            threads = roles.dq_half_sync_threads
+        own_bufs = self.dq_wg_bufs or self.dq_wg_handoff
+        if writer == 0:
+            for buf in cutlass.range_constexpr(parts if own_bufs else self.config.dq_stages):
+                cute.arch.barrier_arrive(
+                    barrier_id=roles.bar_dq_empty + roles.bar_dq_wg_step * buf,
+                    number_of_threads=threads,
+                )
 
     @cute.jit
     def _writer_of(self, walked: Int32) -> Int32:

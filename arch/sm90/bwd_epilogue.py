@@ -155,3 +155,45 @@ class BwdEpilogue:
                     for i in cutlass.range_constexpr(n_dv):
                         acc_dv[i] += cute.arch.load(at + (n_dk + i) * nt, Float32, cop="cg")
         return final
+
+    @cute.jit
+    def epilogue_direct(
+        self,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        acc_dk: cute.Tensor,
+        acc_dv: cute.Tensor,
+        tidx: Int32,
+        seq: SeqInfo,
+        n_block: Int32,
+        head: Int32,
+        softmax_scale: Float32,
+    ):
+        """A persistent CTA's dK / dV (BwdTileConfig.persistent_ctas): converted and stored
+        from the wgmma accumulators' registers, each thread its pairs of adjacent head dims
+        (32-bit stores), so no smem buffer is held and K / V's go back to the producer at
+        once. Rows past seqlen_k (the last key tile) are not stored. Dense, register-tile
+        dK / dV (not swap_dkv), tile head dims equal to the tensors' (BwdTileConfig)."""
+        tn = self.tile_n
+        r_dk = cute.make_rmem_tensor_like(acc_dk, self.dtype)
+        r_dk.store((acc_dk.load() * softmax_scale).to(self.dtype))
+        r_dv = cute.make_rmem_tensor_like(acc_dv, self.dtype)
+        r_dv.store(acc_dv.load().to(self.dtype))
+        outs = (
+            (tiled_mma_dk, r_dk, mdK[None, None, head, seq.kv_batch], self.tile_d),
+            (tiled_mma_dv, r_dv, mdV[None, None, head, seq.kv_batch], self.tile_dv),
+        )
+        rows = seq.seqlen_k - n_block * tn  # this tile's keys (more than tn: all of it)
+        for j in cutlass.range_constexpr(len(outs)):
+            tiled_mma, r_x, mX, d = outs[j]
+            thr = tiled_mma.get_slice(tidx)
+            tXgX = thr.partition_C(cute.local_tile(mX, (tn, d), (n_block, 0)))
+            if rows >= tn:
+                cute.autovec_copy(r_x, tXgX)
+            else:
+                tXcX = thr.partition_C(cute.make_identity_tensor((tn, d)))
+                for i in cutlass.range_constexpr(cute.size(r_x)):
+                    if tXcX[i][0] < rows:
+                        tXgX[i] = r_x[i]

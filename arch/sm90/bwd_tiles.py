@@ -182,12 +182,32 @@ class BwdTileConfig:
     # to read its staging buffer (the wait only balances that arrive: the epilogue stages in
     # K / V's buffers, not sdQ), so the CTA's end overlaps the two instead of chaining them
     epilogue_first: bool = False
+    # a persistent grid of this many CTAs (0: one CTA a key tile), each walking the plain
+    # grid's tiles (its launch order, L2 sections included) at a stride of the grid: the
+    # pipelines run on from one tile into the next, so the next tile's K / V and first Q / dO
+    # load while this tile's dK / dV are stored, from registers (K / V's buffers go back
+    # after the walk's last GEMM; FlashBwdSm90.epilogue_direct). Dense, default order, one
+    # dQ writer, the register-tile dK / dV (not dkv_swap_ab, single_ds or a padded head dim);
+    # not with tail_split or timeline
+    persistent_ctas: int = 0
     # diagnostics only (never in the table): each CTA records its SM, work and event clocks
     # into the tail workspace's buffer (arch/common/timeline.py; run_bwd's `timeline`,
     # scripts/bwd_timeline.py), which tail_split would otherwise own
     timeline: bool = False
 
     def __post_init__(self):
+        if self.persistent_ctas and (
+            self.tail_split
+            or self.timeline
+            or self.dq_writers > 1
+            or self.dkv_swap_ab
+            or self.single_ds
+            or self.padded_head_dim
+        ):
+            raise ValueError(
+                "persistent_ctas: one dQ writer, register-tile dK / dV (no dkv_swap_ab,"
+                " single_ds or padded_head_dim), no tail_split or timeline"
+            )  # fmt: skip
         if self.end_aligned and not self.dq_flat:
             raise ValueError("end_aligned pads the front of the flat dQ tiles: needs dq_flat")
         if self.timeline and self.tail_split:

@@ -125,6 +125,7 @@ from ..common.schedule import L2Sections, TailSplit, l2_section_coords, tail_spl
 from ..common.seqlen import SeqInfo, padded_row_offset, ragged_rows
 from .bwd_dq_writer import BwdDqWriter
 from .bwd_epilogue import BwdEpilogue
+from .bwd_persistent import BwdPersistent
 from .bwd_tiles import BWD_HEAD_DIMS, BWD_L2_LAST_MAX_PAIRS, BwdTileConfig, bwd_l2_row_bytes
 from .primitives import gemm, smem_layout, tma_pipeline, tma_tiles
 from .tile_config import SMEM_BYTES_SM90
@@ -197,7 +198,7 @@ class BwdRoles:
         return 128 + 32  # one consumer warpgroup and the dQ writer warp
 
 
-class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
+class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
     def __init__(
         self,
         dtype: type[cutlass.Numeric],
@@ -299,6 +300,11 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             raise ValueError(
                 "tail_split: not in the deterministic order, packed, group_heads or L2 sections"
             )
+        # a persistent grid (BwdTileConfig.persistent_ctas): dense, in the default order, a
+        # CTA a (key tile, query head); its own field checks the rest
+        self.persistent = cfg.persistent_ctas > 0
+        if self.persistent and (self.deterministic or self.varlen or self.group_heads):
+            raise ValueError("persistent_ctas: dense, default order, no group_heads")
         if self.flat is not None and self.flat.head_dim != self.tile_dq:
             raise ValueError(f"dq_flat tile of {self.flat.head_dim} head dims, not {self.tile_dq}")
         self._setup_flat_boxes()
@@ -516,6 +522,8 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             mdK_store, mdV_store = ragged_rows(mdK), ragged_rows(mdV)
         tma_atom_dK, tma_dK = tma(tma_store, mdK_store, sdK_layout, (tn, d))
         tma_atom_dV, tma_dV = tma(tma_store, mdV_store, sV_layout, (tn, dv))
+        if cutlass.const_expr(self.persistent):
+            tma_dK, tma_dV = mdK, mdV  # stored from registers (epilogue_direct), not by TMA
         tma_reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             tma_reduce, mdQ_reduce, cute.select(sdQ_layout, mode=[0, 1]), dq_box
@@ -562,6 +570,12 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             tiles = num_n_blocks * grid_heads * num_batch
             grid = (tiles + (tiles - tail_start) * (tail_parts - 1), 1, 1)
             tail = TailSplit.create(tail_start, tail_parts, num_n_blocks)
+        elif cutlass.const_expr(self.persistent):
+            # persistent CTAs over the plain grid's tiles (bwd_persistent.py): no tile split,
+            # so `tail` carries the tile count and the divisor by the key tiles
+            tiles = num_n_blocks * grid_heads * num_batch
+            grid = (self.config.persistent_ctas, 1, 1)
+            tail = TailSplit.create(tiles, 1, num_n_blocks)
         else:
             tail = TailSplit(tail_start, tail_parts, num_n_blocks)  # unread
         sections = None
@@ -679,15 +693,94 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sDsum = storage.sDsum.get_tensor(sDsum_layout)
 
-        n_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.persistent):
+            self._persistent_roles(
+                tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
+                tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                tma_atom_dQ, mdQacc, tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum, mSem,
+                sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                tma_atom_dK, mdK, tma_atom_dV, mdV,
+                softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
+                mCuSeqlensQ, mCuSeqlensK, sections, mTailAcc, tail,
+            )  # fmt: skip
+        else:
+            n_block, head, seq, row_off, mask, m_min, m_max = self._tile(
+                cute.arch.block_idx(), mQ, mK, mCuSeqlensQ, mCuSeqlensK, sections, tail,
+                window_left, window_right,
+            )  # fmt: skip
+            if cutlass.const_expr(timeline):
+                if cute.arch.thread_idx()[0] == 0:
+                    tl.stamp(mTailAcc, tl.W_SMID, tl.smid())
+                    tl.stamp(mTailAcc, tl.W_N_BLOCK, n_block)
+                    tl.stamp(mTailAcc, tl.W_HEAD, head)
+                    tl.stamp(mTailAcc, tl.W_WALK, m_max - m_min)
+
+            pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+            if cutlass.const_expr(self.post_overlap):
+                # the postprocess may start once every CTA got here: its CTAs wait for their
+                # head's done count (dq_writer), so they only take SMs the grid has left
+                cute.arch.griddepcontrol_launch_dependents()
+
+            # a packed batch's grid is sized by its longest key sequence: tiles past this one's
+            # end have nothing to do, not even zeros to store (every role leaves together)
+            if n_block * self.tile_n < seq.seqlen_k:
+                wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+                if wg_idx == 0:
+                    cute.arch.setmaxregister_decrease(roles.producer_regs)
+                    if warp_idx == roles.load_warp:
+                        self.load(
+                            tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                            tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
+                            sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                            seq, row_off, n_block, head, m_min, m_max, mSem, mTailAcc,
+                        )  # fmt: skip
+                    # the dQ writers: warp 1, and (dq_writers > 1) the warps after it
+                    last_writer = roles.dq_warp + self.config.dq_writers - 1
+                    if warp_idx >= roles.dq_warp and warp_idx <= last_writer:
+                        self.dq_writer(
+                            tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
+                            m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp, tail, mTailAcc,
+                        )  # fmt: skip
+                else:
+                    cute.arch.setmaxregister_increase(roles.mma_regs)
+                    self.mma(
+                        tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
+                        tma_atom_dK, mdK, tma_atom_dV, mdV,
+                        sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                        mask, seq, n_block, head, m_min, m_max,
+                        softmax_scale_log2, score_premul, softmax_scale, mTailAcc, mSem, tail,
+                    )  # fmt: skip
+
+    @cute.jit
+    def _tile(
+        self,
+        block,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        sections: L2Sections | None,
+        tail: TailSplit,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        """A tile's coordinates and walk, (n_block, head, seq, row_off, mask, m_min, m_max),
+        from its index `block` on the plain (key tiles, heads, batches) grid: the CTA's own
+        (x, y, z), or a persistent CTA's tile there. tail_split's part, the L2 sections'
+        launch order and the deterministic order's right-to-left launch are applied here."""
+        n_block, head, batch = block
         # tail_split: this CTA's part of its key tile (0 of 1 for a whole tile)
         part, parts = Int32(0), Int32(1)
         if cutlass.const_expr(self.tail_split):
             n_block, head, batch, part, parts = tail_split_coords(tail, cute.size(mQ.shape[2]))
         if cutlass.const_expr(self.l2_sections):
-            n_block, head, batch = l2_section_coords(
-                sections, cute.size(mQ.shape[2]) // self.heads_per_cta, reverse=False
-            )
+            pairs_heads = cute.size(mQ.shape[2]) // self.heads_per_cta
+            if cutlass.const_expr(self.persistent):
+                n_block, head, batch = l2_section_coords(
+                    sections, pairs_heads, reverse=False, block=(n_block, head, batch)
+                )
+            else:
+                n_block, head, batch = l2_section_coords(sections, pairs_heads, reverse=False)
         if cutlass.const_expr(self.deterministic and self.has_right):
             # right-to-left turns (see dq_writer) wait on higher key tiles: launch those first.
             # Warp-uniform, or ptxas keeps the value per thread and the consumers spill at D=64.
@@ -725,48 +818,7 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             m_lo = m_min + span * part // parts
             m_max = m_min + span * (part + 1) // parts
             m_min = m_lo
-        if cutlass.const_expr(timeline):
-            if cute.arch.thread_idx()[0] == 0:
-                tl.stamp(mTailAcc, tl.W_SMID, tl.smid())
-                tl.stamp(mTailAcc, tl.W_N_BLOCK, n_block)
-                tl.stamp(mTailAcc, tl.W_HEAD, head)
-                tl.stamp(mTailAcc, tl.W_WALK, m_max - m_min)
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-        if cutlass.const_expr(self.post_overlap):
-            # the postprocess may start once every CTA got here: its CTAs wait for their
-            # head's done count (dq_writer), so they only take SMs the grid has left
-            cute.arch.griddepcontrol_launch_dependents()
-
-        # a packed batch's grid is sized by its longest key sequence: tiles past this one's
-        # end have nothing to do, not even zeros to store (every role leaves together)
-        if n_block * self.tile_n < seq.seqlen_k:
-            wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
-            if wg_idx == 0:
-                cute.arch.setmaxregister_decrease(roles.producer_regs)
-                if warp_idx == roles.load_warp:
-                    self.load(
-                        tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
-                        tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
-                        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
-                        seq, row_off, n_block, head, m_min, m_max, mSem, mTailAcc,
-                    )  # fmt: skip
-                # the dQ writers: warp 1, and (dq_writers > 1) the warps after it
-                last_writer = roles.dq_warp + self.config.dq_writers - 1
-                if warp_idx >= roles.dq_warp and warp_idx <= last_writer:
-                    self.dq_writer(
-                        tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
-                        m_min, m_max, mLSE.shape[0], warp_idx - roles.dq_warp, tail, mTailAcc,
-                    )  # fmt: skip
-            else:
-                cute.arch.setmaxregister_increase(roles.mma_regs)
-                self.mma(
-                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
-                    tma_atom_dK, mdK, tma_atom_dV, mdV,
-                    sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
-                    mask, seq, n_block, head, m_min, m_max,
-                    softmax_scale_log2, score_premul, softmax_scale, mTailAcc, mSem, tail,
-                )  # fmt: skip
+        return n_block, head, seq, row_off, mask, m_min, m_max
 
     # ------------------------------------------------------------------ producer role
     @cute.jit
@@ -801,7 +853,10 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
         m_max: Int32,
         mSem: cute.Tensor,
         mTimeline: cute.Tensor | None,
+        states: tuple | None = None,
     ):
+        """One key tile's loads. A persistent CTA passes its pipeline states (K / V, Q,
+        dO) in and gets them back, advanced, for its next tile, and drains them itself."""
         head_kv = head * self.heads_per_cta // self.qhead_per_kvhead
         d, dv, tm, tn = self.tile_d, self.tile_dv, self.tile_m, self.tile_n
         qb = seq.q_batch
@@ -811,8 +866,14 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
         gV = cute.local_tile(self._head_rows(seq, mV, head_kv, keys=True), (tn, dv), (n_block, 0))
         tKsK, tKgK = tma_tiles(tma_atom_K, sK, gK)
         tVsV, tVgV = tma_tiles(tma_atom_V, sV, gV)
+        persistent = states is not None
+        if cutlass.const_expr(not persistent):
+            # a state of its own for dO even when the stage counts agree: the DSL carries
+            # each name through the loop separately, so an alias of `state` would not
+            # advance with it
+            states = self._pipeline_states(pipeline.PipelineUserType.Producer)
+        kv_state, state, state_do = states
         if m_max > m_min:
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_kv.producer_acquire(kv_state)
             kv_bar = pipe_kv.producer_get_barrier(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=kv_bar)
@@ -821,11 +882,6 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             # advance it waited for a release that never comes (a hang once the consumers
             # had already released K/V)
             kv_state.advance()
-            producer = pipeline.PipelineUserType.Producer
-            state = pipeline.make_pipeline_state(producer, self.num_stages)
-            # a state of its own even when the stage counts agree: the DSL carries each name
-            # through the loop separately, so an alias of `state` would not advance with it
-            state_do = pipeline.make_pipeline_state(producer, self.do_stages)
             for g in cutlass.range(self.heads_per_cta, unroll=1):
                 head_q = head * self.heads_per_cta + g
                 gQ = cute.local_tile(self._query_rows(seq, mQ, head_q), (tm, d), (None, 0))
@@ -872,9 +928,11 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
                     )
                     state.advance()
                     state_do.advance()
-            pipe_q.producer_tail(state)
-            pipe_do.producer_tail(state_do)
-            pipe_kv.producer_tail(kv_state)
+            if cutlass.const_expr(not persistent):
+                pipe_q.producer_tail(state)
+                pipe_do.producer_tail(state_do)
+                pipe_kv.producer_tail(kv_state)
+        return kv_state, state, state_do
 
     # ------------------------------------------------------------------ consumer role
     @cute.jit
@@ -914,7 +972,12 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
         mTailAcc: cute.Tensor | None,
         mSem: cute.Tensor,
         tail: TailSplit,
+        states: tuple | None = None,
+        last=None,
     ):
+        """One key tile's walk and dK / dV. A persistent CTA passes its pipeline states in
+        and gets them back for its next tile; its dK / dV go out from registers, and the
+        closing dQ handoff wait comes after its `last` tile only."""
         roles = self.roles
         tm, tn = self.tile_m, self.tile_n
         single_ds = self.config.single_ds
@@ -1033,14 +1096,15 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             sDsum.iterator, cute.make_layout((*st_shape, self.do_stages), stride=(*row_stride, rs))
         )
 
+        persistent = states is not None
+        if cutlass.const_expr(not persistent):
+            states = self._pipeline_states(pipeline.PipelineUserType.Consumer)
+        kv_state, state, state_do = states
         if m_max > m_min:
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipe_kv.consumer_wait(kv_state)
             if cutlass.const_expr(self.config.timeline):
                 if tidx == 0:
                     tl.stamp(mTailAcc, tl.W_CLK_KV, tl.clock())
-            consumer = pipeline.PipelineUserType.Consumer
-            state = pipeline.make_pipeline_state(consumer, self.num_stages)
             # dO, D and P: their own stages (BwdTileConfig.do_stages), with a state of their
             # own even when the stage counts agree (see load). No warp overwrites a stage of P
             # or dS another warp still reads: P's stage of tile m is rewritten in tile
@@ -1049,7 +1113,6 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             # in tile m + num_stages after Q's wait, so after every warp finished tile m's dK.
             # With single_ds a warpgroup writes its part of the one dS buffer once the other
             # warpgroup's GEMMs of the tile before are done (bar_ds_free), which starts free.
-            state_do = pipeline.make_pipeline_state(consumer, self.do_stages)
             if cutlass.const_expr(single_ds):
                 cute.arch.barrier_arrive(
                     barrier_id=roles.bar_ds_free + 1 - wg, number_of_threads=roles.num_mma_threads
@@ -1222,9 +1285,20 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
                     barrier_id=roles.bar_ds_free + wg, number_of_threads=roles.num_mma_threads
                 )
             pipe_kv.consumer_release(kv_state)
+            if cutlass.const_expr(persistent):
+                kv_state.advance()
             if cutlass.const_expr(self.config.timeline):
                 if tidx == 0:
                     tl.stamp(mTailAcc, tl.W_CLK_LOOP_END, tl.clock())
+        if cutlass.const_expr(persistent):
+            # K / V's buffers are the producer's again: dK / dV go out from registers
+            self.epilogue_direct(
+                tiled_mma_dk, tiled_mma_dv, mdK, mdV, acc_dk, acc_dv, tidx, seq, n_block, head,
+                softmax_scale,
+            )  # fmt: skip
+            if last:
+                self._drain_dq(wg, bar_dq_empty, dq_threads)
+            return kv_state, state, state_do
         if cutlass.const_expr(not self.config.epilogue_first):
             self._drain_dq(wg, bar_dq_empty, dq_threads)
         final = cutlass.Boolean(True)
@@ -1241,6 +1315,12 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue):
             self._drain_dq(wg, bar_dq_empty, dq_threads)
 
     # ------------------------------------------------------------------ helpers
+    def _pipeline_states(self, kind):
+        """Fresh (K / V, Q, dO) pipeline states of one side (`kind`)."""
+        return tuple(
+            pipeline.make_pipeline_state(kind, n) for n in (1, self.num_stages, self.do_stages)
+        )
+
     @cute.jit
     def _drain_dq(self, wg: Int32, bar_dq_empty: Int32, dq_threads: int):
         """Balance the writer's last arrive on dq_empty (it also means the last reduce read

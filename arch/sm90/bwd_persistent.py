@@ -1,0 +1,158 @@
+"""The persistent grid of the SM90 backward (arch/sm90/flash_bwd.py, FlashBwdSm90).
+
+With BwdTileConfig.persistent_ctas = P the main grid is P CTAs. CTA c walks the plain grid's
+tiles c, c + P, c + 2P, ... in that grid's launch order (key tiles fastest, then heads, then
+batches; the L2 sections' order on top where the config has them), so a CTA's start (barrier
+set-up, the first K / V and Q / dO loads) and its end (the dK / dV stores, the dQ writer's
+last add) are paid once a CTA instead of once a tile. Every role walks the same tiles:
+
+  * the load warp carries its pipeline states from one tile into the next: the next tile's
+    K / V load as soon as the consumers release this tile's, right after the walk's last
+    GEMM, and its first Q / dO stages as soon as they are free;
+  * the dQ writer hands the consumers every staging buffer empty once, before its first tile,
+    and the consumers wait for its last add once, after their last tile: the handoff's named
+    barriers run on from tile to tile as a ring (a second "empty" arrive before the
+    consumers' wait would complete a barrier generation early);
+  * the consumers store dK / dV from registers (BwdEpilogue.epilogue_direct), not through
+    K / V's buffers, so those go back to the producer before the stores.
+
+The measurement behind it (docs/design.md, section 10; bwd_timeline_s72_h100.json): a CTA's
+start, end and the gaps between CTAs were 1.9% of the D=128 16k causal grid's SM time and 7.0%
+of 4k causal's on an H100. The walk is static: a CTA's tiles are fixed by its index, so an SM
+that starts late (beside the persistent preprocess, BwdTileConfig.pre_overlap) keeps its
+tiles; a tile counter taken at run time would rebalance that and is not built.
+
+Constraints (FlashBwdSm90._setup_attributes, BwdTileConfig): dense inputs, the default order,
+one CTA a query head (no group_heads), one dQ writer, register-tile dK / dV, no tail_split or
+timeline.
+
+BwdPersistent is a mixin: it holds no state of its own and calls the kernel's roles (load,
+dq_writer, mma) and `_tile`; FlashBwdSm90 derives from it. Torch-free.
+
+Compile without a GPU: CUTE_DSL_ARCH=sm_90a python -m cute_attn compile --arch sm_90a
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+
+from ..common.schedule import L2Sections, TailSplit, tail_split_coords
+
+
+class BwdPersistent:
+    @cute.jit
+    def _persistent_roles(
+        self,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        tiled_mma_dq_part: cute.TiledMma,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_dO: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_atom_dQ: cute.CopyAtom,
+        mdQacc: cute.Tensor,
+        tma_atom_LSE: cute.CopyAtom,
+        mLSE: cute.Tensor,
+        tma_atom_Dsum: cute.CopyAtom,
+        mDsum: cute.Tensor,
+        mSem: cute.Tensor,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdS: cute.Tensor,
+        sP: cute.Tensor,
+        sdQ: cute.Tensor,
+        sdK: cute.Tensor,
+        sLSE: cute.Tensor,
+        sDsum: cute.Tensor,
+        pipe_kv: pipeline.PipelineAsync,
+        pipe_q: pipeline.PipelineAsync,
+        pipe_do: pipeline.PipelineAsync,
+        tma_atom_dK: cute.CopyAtom,
+        mdK: cute.Tensor,
+        tma_atom_dV: cute.CopyAtom,
+        mdV: cute.Tensor,
+        softmax_scale_log2: Float32,
+        score_premul: Float32,
+        softmax_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        sections: L2Sections | None,
+        mTailAcc: cute.Tensor | None,
+        tail: TailSplit,
+    ):
+        """Every role's walk over this CTA's tiles (tail.start: the plain grid's tile count;
+        tail.blocks: its key tiles a (head, batch))."""
+        roles = self.roles
+        tile_args = (mQ, mK, mCuSeqlensQ, mCuSeqlensK, sections, tail, window_left, window_right)
+        heads = cute.size(mQ.shape[2])
+        first, stride = cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
+        num_tiles = tail.start
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        if cutlass.const_expr(self.post_overlap):
+            # as the one-tile grid: the postprocess's CTAs wait for their head's done count
+            cute.arch.griddepcontrol_launch_dependents()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(roles.producer_regs)
+            if warp_idx == roles.load_warp:
+                producer = pipeline.PipelineUserType.Producer
+                kv_state, state, state_do = self._pipeline_states(producer)
+                for t in cutlass.range(first, num_tiles, stride, unroll=1):
+                    block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
+                    n_block, head, seq, row_off, _, m_min, m_max = self._tile(
+                        (block, head_t, batch), *tile_args
+                    )
+                    kv_state, state, state_do = self.load(
+                        tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                        tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
+                        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                        seq, row_off, n_block, head, m_min, m_max, mSem, None,
+                        states=(kv_state, state, state_do),
+                    )  # fmt: skip
+                pipe_q.producer_tail(state)
+                pipe_do.producer_tail(state_do)
+                pipe_kv.producer_tail(kv_state)
+            if warp_idx == roles.dq_warp:
+                if first < num_tiles:
+                    self.dq_buffers_empty(Int32(0))
+                for t in cutlass.range(first, num_tiles, stride, unroll=1):
+                    block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
+                    n_block, head, seq, row_off, mask, m_min, m_max = self._tile(
+                        (block, head_t, batch), *tile_args
+                    )
+                    self.dq_writer(
+                        tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
+                        m_min, m_max, mLSE.shape[0], Int32(0), tail, None, pre_arrive=False,
+                    )  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(roles.mma_regs)
+            consumer = pipeline.PipelineUserType.Consumer
+            kv_state, state, state_do = self._pipeline_states(consumer)
+            for t in cutlass.range(first, num_tiles, stride, unroll=1):
+                block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
+                n_block, head, seq, _, mask, m_min, m_max = self._tile(
+                    (block, head_t, batch), *tile_args
+                )
+                kv_state, state, state_do = self.mma(
+                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
+                    tma_atom_dK, mdK, tma_atom_dV, mdV,
+                    sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
+                    mask, seq, n_block, head, m_min, m_max,
+                    softmax_scale_log2, score_premul, softmax_scale, None, mSem, tail,
+                    states=(kv_state, state, state_do), last=t + stride >= num_tiles,
+                )  # fmt: skip
