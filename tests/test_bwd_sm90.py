@@ -915,6 +915,61 @@ def test_bwd_persistent(monkeypatch, built_bwd_keys, dims, ctas):
         _check(*_inputs(1, 2500, 2500, 3, 3, *dims, torch.float16), causal=True)
 
 
+_PERSISTENT_SNIPPET = r"""
+import dataclasses, json, os, re, tempfile
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+from cute_attn.aot import _sass
+from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
+from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
+out = {}
+for d, causal in ((128, True), (96, True), (64, False)):
+    for ctas in (0, 132):
+        cfg = dataclasses.replace(bwd_tile_config(d, d, causal, False), persistent_ctas=ctas,
+                                  tail_split=False)
+        spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg)
+        sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
+        out[f"{d} {ctas}"] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+                              "hgmma": sass.count("HGMMA"), "tma_store": sass.count("UTMASTG"),
+                              "stg": len(re.findall(r"\bSTG\.E\b", sass))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_bwd_persistent_builds(tmp_path):
+    # the persistent grid's kernels keep the one-tile grid's wgmmas, spill-free, and store
+    # dK / dV from registers (32-bit stores) instead of by TMA
+    r = run_json_snippet(_PERSISTENT_SNIPPET, tmp_path, timeout=1200)
+    if not r["128 0"]["sass"]:
+        pytest.skip("nvdisasm not installed: cannot read SASS")
+    for d in (128, 96, 64):
+        one, many = r[f"{d} 0"], r[f"{d} 132"]
+        assert one["spills"] == many["spills"] == 0 and one["hgmma"] == many["hgmma"], r
+        assert one["tma_store"] > 0 and many["tma_store"] == 0 and many["stg"] > 0, r
+
+
+def test_bwd_persistent_rejects():
+    # what the persistent grid is not built for, refused before anything compiles
+    from cute_attn.arch.sm90.flash_bwd import FlashBwdSm90
+
+    base = dataclasses.replace(bwd_tile_config(128, 128, True, False), persistent_ctas=132)
+    for field, value in (("tail_split", True), ("timeline", True), ("dq_writers", 2)):
+        with pytest.raises(ValueError, match="persistent_ctas"):
+            dataclasses.replace(base, **{field: value})
+    wide = bwd_tile_config(256, 256, True, False)
+    with pytest.raises(ValueError, match="persistent_ctas"):
+        dataclasses.replace(wide, persistent_ctas=132, tail_split=False)
+    import cutlass
+
+    # (packed sequences: with the dense-only overlaps and end_aligned off, which refuse first)
+    packed = dataclasses.replace(base, pre_overlap=False, post_overlap=False, end_aligned=False)
+    for cfg, kw in ((base, {"deterministic": True}), (packed, {"varlen": True}),
+                    (base, {"group_heads": True})):  # fmt: skip
+        with pytest.raises(ValueError, match="persistent_ctas"):
+            FlashBwdSm90(cutlass.BFloat16, 128, 128, 4, False, True, False, cfg, **kw)
+    FlashBwdSm90(cutlass.BFloat16, 128, 128, 4, False, True, False, base)  # dense: accepted
+
+
 def test_bwd_end_aligned_needs_flat_dq():
     # its padding rows are the flat tiles' first: the row-order accumulator has none
     with pytest.raises(ValueError, match="end_aligned"):
