@@ -317,6 +317,8 @@ def run_bwd(
     # [b, h, -1] pre_overlap's count of rows the preprocess wrote. Neither: the kernel never
     # reads it, so a tiny uninitialized tensor (no fill launch) stands in
     lead = sq_pad // cfg.tile_m if p.deterministic else 0  # sem's counters before the two
+    if cfg.persistent_counter:
+        lead = 1  # the persistent grid's tile counter, sem[0, 0, 0] (never deterministic)
     # tail_split: the last `tail_tiles` key tiles of the launch order (n fastest, then head,
     # then batch) run as `parts` CTAs each (1: none), with two zeroed counters per key tile
     # of sem first (the parts' dK / dV fixup, their writers' landed adds) and the parts'
@@ -346,7 +348,7 @@ def run_bwd(
         if timeline.numel() < num_tiles * TIMELINE_WORDS:
             raise ValueError(f"timeline of {timeline.numel()} words for {num_tiles} CTAs")
         tail_acc = timeline.view(torch.float32).view(-1)
-    if p.deterministic or overlap or parts > 1:
+    if p.deterministic or overlap or parts > 1 or cfg.persistent_counter:
         sem = torch.zeros((b, h, lead + 2 * overlap), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty((1, h, 1), dtype=torch.int32, device=q.device)

@@ -555,6 +555,15 @@ d192-4k-causal,d192v128-4k-causal}" \
           --shapes d128-4k-causal,d128-16k-causal,d128-4k,d96-16k-causal,d64-4k \
           --variant p132=persistent_ctas=132,tail_split=False \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
+          --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
+          --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
+    pers_quick)
+      # the persistent grid's first run: its D=128 GPU cases, then the A/B on three rows
+      gpu_tests 220 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py -k "bwd_persistent and dims2"
+      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+          --shapes d128-4k-causal,d128-16k-causal,d128-4k \
+          --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
+          --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
           --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
     epi_ab)
       # BwdTileConfig.epilogue_first (the seventy-second session's timeline, H100: a CTA's end
@@ -694,7 +703,7 @@ for step in "${steps[@]}"; do
     align_tests) tail -6 "$OUT/gpu_tests_end_aligned.log" ;;
     epi_tests) tail -6 "$OUT/gpu_tests_epilogue_first.log" ;;
     pers_tests) tail -6 "$OUT/gpu_tests_persistent.log" ;;
-    pers_ab) tail -18 "$OUT/tune_bwd_persistent.log" ;;
+    pers_ab|pers_quick) tail -6 "$OUT/gpu_tests_persistent.log"; tail -18 "$OUT/tune_bwd_persistent.log" ;;
     epi_ab) tail -16 "$OUT/tune_bwd_epi.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;

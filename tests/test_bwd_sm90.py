@@ -893,17 +893,22 @@ def test_bwd_epilogue_first(monkeypatch, built_bwd_keys, dims):
 
 # BwdTileConfig.persistent_ctas: 5 CTAs over 72 tiles (each carries its pipelines and the dQ
 # handoff's ring from tile to tile, and stores dK / dV from registers, the last key tile's
-# rows past seqlen_k not stored) and 132 (more CTAs than tiles: some walk none), on each
+# rows past seqlen_k not stored) and 132 (more CTAs than tiles: some walk none), at a fixed
+# stride and from the tile counter (persistent_counter: the ring that hands tiles on), on each
 # head dim's table tile (D <= 128: flat and swizzled dQ stagings, the short-rows tiles under
 # the causal mask, end_aligned), unmasked, causal over more keys than queries, a window and
 # the lse gradient; the preprocess beside the grid and before it
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128)])
 @pytest.mark.parametrize("ctas", [5, 132])
-def test_bwd_persistent(monkeypatch, built_bwd_keys, dims, ctas):
+@pytest.mark.parametrize("counter", [False, True], ids=["stride", "counter"])
+def test_bwd_persistent(monkeypatch, built_bwd_keys, dims, ctas, counter):
     from cute_attn.arch.sm90.bwd_tiles import BwdTileConfig
 
-    force_bwd_tile(monkeypatch, when=lambda p: not p.varlen, persistent_ctas=ctas, tail_split=False)
+    force_bwd_tile(
+        monkeypatch, when=lambda p: not p.varlen, persistent_ctas=ctas, tail_split=False,
+        persistent_counter=counter,
+    )  # fmt: skip
     q, k, v, dout = _inputs(2, 1000, 1100, 4, 4, *dims, torch.bfloat16)
     _check(q, k, v, dout)
     _check(q, k, v, dout, causal=True)
@@ -922,15 +927,18 @@ from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
 from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
-for d, causal in ((128, True), (96, True), (64, False)):
-    for ctas in (0, 132):
+for name, causal, counter in ((128, True, False), (96, True, False), (64, False, False),
+                              ("128c", True, True)):
+    d = 128 if counter else name
+    for ctas in (132,) if counter else (0, 132):
         cfg = dataclasses.replace(bwd_tile_config(d, d, causal, False), persistent_ctas=ctas,
-                                  tail_split=False)
+                                  tail_split=False, persistent_counter=counter)
         spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg)
         sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
-        out[f"{d} {ctas}"] = {"sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
-                              "hgmma": sass.count("HGMMA"), "tma_store": sass.count("UTMASTG"),
-                              "stg": len(re.findall(r"\bSTG\.E\b", sass))}
+        out[f"{name} {ctas}"] = {
+            "sass": bool(sass), "spills": sass.count("STL") + sass.count("LDL"),
+            "hgmma": sass.count("HGMMA"), "tma_store": sass.count("UTMASTG"),
+            "stg": len(re.findall(r"\bSTG\.E\b", sass)), "atom": sass.count("ATOMG")}
 print(json.dumps(out))
 """
 
@@ -946,6 +954,10 @@ def test_bwd_persistent_builds(tmp_path):
         one, many = r[f"{d} 0"], r[f"{d} 132"]
         assert one["spills"] == many["spills"] == 0 and one["hgmma"] == many["hgmma"], r
         assert one["tma_store"] > 0 and many["tma_store"] == 0 and many["stg"] > 0, r
+    # the tile counter: the same kernel plus the load warp's atomic add
+    counter = r["128c 132"]
+    assert counter["spills"] == 0 and counter["hgmma"] == r["128 132"]["hgmma"], r
+    assert counter["atom"] == 1 and r["128 132"]["atom"] == 0, r
 
 
 def test_bwd_persistent_rejects():
@@ -956,6 +968,8 @@ def test_bwd_persistent_rejects():
     for field, value in (("tail_split", True), ("timeline", True), ("dq_writers", 2)):
         with pytest.raises(ValueError, match="persistent_ctas"):
             dataclasses.replace(base, **{field: value})
+    with pytest.raises(ValueError, match="persistent_ctas"):
+        dataclasses.replace(base, persistent_ctas=0, persistent_counter=True)
     wide = bwd_tile_config(256, 256, True, False)
     with pytest.raises(ValueError, match="persistent_ctas"):
         dataclasses.replace(wide, persistent_ctas=132, tail_split=False)

@@ -18,9 +18,15 @@ last add) are paid once a CTA instead of once a tile. Every role walks the same 
 
 The measurement behind it (docs/design.md, section 10; bwd_timeline_s72_h100.json): a CTA's
 start, end and the gaps between CTAs were 1.9% of the D=128 16k causal grid's SM time and 7.0%
-of 4k causal's on an H100. The walk is static: a CTA's tiles are fixed by its index, so an SM
-that starts late (beside the persistent preprocess, BwdTileConfig.pre_overlap) keeps its
-tiles; a tile counter taken at run time would rebalance that and is not built.
+of 4k causal's on an H100.
+
+Two walks. The static one fixes a CTA's tiles by its index, so an SM that starts late (beside
+the persistent preprocess, BwdTileConfig.pre_overlap) keeps its tiles, and a causal grid's
+unequal walks are dealt out blind. With BwdTileConfig.persistent_counter a CTA's first tile
+is its index and each next one comes from a global counter (sem[0, 0, 0], zeroed by the host):
+the load warp adds 1 to it while it loads the current tile and hands the tile index on
+through a two-slot smem ring (a PipelineAsync; 32 producer arrivals, the writer warp's and
+the consumers' 288 releases); an index past the last tile ends every role's walk.
 
 Constraints (FlashBwdSm90._setup_attributes, BwdTileConfig): dense inputs, the default order,
 one CTA a query head (no group_heads), one dQ writer, register-tile dK / dV, no tail_split or
@@ -93,9 +99,11 @@ class BwdPersistent:
         sections: L2Sections | None,
         mTailAcc: cute.Tensor | None,
         tail: TailSplit,
+        sched: tuple | None,
     ):
         """Every role's walk over this CTA's tiles (tail.start: the plain grid's tile count;
-        tail.blocks: its key tiles a (head, batch))."""
+        tail.blocks: its key tiles a (head, batch)); `sched`: the counter's ring and slots
+        (persistent_counter), else None."""
         roles = self.roles
         tile_args = (mQ, mK, mCuSeqlensQ, mCuSeqlensK, sections, tail, window_left, window_right)
         heads = cute.size(mQ.shape[2])
@@ -107,12 +115,22 @@ class BwdPersistent:
             cute.arch.griddepcontrol_launch_dependents()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(warp_idx // 4)
+        counter = self.config.persistent_counter
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.producer_regs)
             if warp_idx == roles.load_warp:
                 producer = pipeline.PipelineUserType.Producer
                 kv_state, state, state_do = self._pipeline_states(producer)
-                for t in cutlass.range(first, num_tiles, stride, unroll=1):
+                ring_state = pipeline.make_pipeline_state(producer, 2)
+                t = first
+                if cutlass.const_expr(counter):
+                    ring_state = self._publish(sched, ring_state, t)
+                while t < num_tiles:
+                    t_next = t + stride
+                    if cutlass.const_expr(counter):
+                        # the next tile is taken (and handed on) while this one loads
+                        t_next = self._take_tile(mSem, stride)
+                        ring_state = self._publish(sched, ring_state, t_next)
                     block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
                     n_block, head, seq, row_off, _, m_min, m_max = self._tile(
                         (block, head_t, batch), *tile_args
@@ -124,13 +142,23 @@ class BwdPersistent:
                         seq, row_off, n_block, head, m_min, m_max, mSem, None,
                         states=(kv_state, state, state_do),
                     )  # fmt: skip
+                    t = t_next
                 pipe_q.producer_tail(state)
                 pipe_do.producer_tail(state_do)
                 pipe_kv.producer_tail(kv_state)
+                if cutlass.const_expr(counter):
+                    sched[0].producer_tail(ring_state)
             if warp_idx == roles.dq_warp:
                 if first < num_tiles:
                     self.dq_buffers_empty(Int32(0))
-                for t in cutlass.range(first, num_tiles, stride, unroll=1):
+                ring_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+                t = first
+                if cutlass.const_expr(counter):
+                    t, ring_state = self._read_tile(sched, ring_state)
+                while t < num_tiles:
+                    t_next = t + stride
+                    if cutlass.const_expr(counter):
+                        t_next, ring_state = self._read_tile(sched, ring_state)
                     block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
                     n_block, head, seq, row_off, mask, m_min, m_max = self._tile(
                         (block, head_t, batch), *tile_args
@@ -139,11 +167,20 @@ class BwdPersistent:
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
                         m_min, m_max, mLSE.shape[0], Int32(0), tail, None, pre_arrive=False,
                     )  # fmt: skip
+                    t = t_next
         else:
             cute.arch.setmaxregister_increase(roles.mma_regs)
             consumer = pipeline.PipelineUserType.Consumer
             kv_state, state, state_do = self._pipeline_states(consumer)
-            for t in cutlass.range(first, num_tiles, stride, unroll=1):
+            ring_state = pipeline.make_pipeline_state(consumer, 2)
+            t = first
+            if cutlass.const_expr(counter):
+                t, ring_state = self._read_tile(sched, ring_state)
+            walked = t < num_tiles
+            while t < num_tiles:
+                t_next = t + stride
+                if cutlass.const_expr(counter):
+                    t_next, ring_state = self._read_tile(sched, ring_state)
                 block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
                 n_block, head, seq, _, mask, m_min, m_max = self._tile(
                     (block, head_t, batch), *tile_args
@@ -154,5 +191,58 @@ class BwdPersistent:
                     sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                     mask, seq, n_block, head, m_min, m_max,
                     softmax_scale_log2, score_premul, softmax_scale, None, mSem, tail,
-                    states=(kv_state, state, state_do), last=t + stride >= num_tiles,
+                    states=(kv_state, state, state_do),
                 )  # fmt: skip
+                t = t_next
+            if walked:
+                # the writer's last arrive (its "every buffer empty" came once, before the
+                # first tile)
+                wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] - 128) // 128)
+                self._drain_dq(wg)
+
+    def _tile_ring(self, ptr: cute.Pointer):
+        """persistent_counter's ring over the `sched` smem words: (PipelineAsync of two
+        stages, an Int32 view of its two tile slots). The load warp commits (32 arrivals);
+        the dQ writer warp and every consumer thread release."""
+        ring = pipeline.PipelineAsync.create(
+            barrier_storage=ptr + 2,
+            num_stages=2,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, 32 + self.roles.num_mma_threads
+            ),
+            defer_sync=True,
+        )
+        slots = cute.make_tensor(cute.recast_ptr(ptr, dtype=Int32), cute.make_layout(2))
+        return ring, slots
+
+    @cute.jit
+    def _publish(self, sched: tuple, ring_state, t: Int32):
+        """Hand tile index `t` to the other roles (the load warp, every lane)."""
+        ring, slots = sched
+        ring.producer_acquire(ring_state)
+        if cute.arch.lane_idx() == 0:
+            slots[ring_state.index] = t
+        cute.arch.sync_warp()
+        ring.producer_commit(ring_state)
+        ring_state.advance()
+        return ring_state
+
+    @cute.jit
+    def _read_tile(self, sched: tuple, ring_state):
+        """The next tile index from the load warp (the dQ writer warp and the consumers)."""
+        ring, slots = sched
+        ring.consumer_wait(ring_state)
+        t = slots[ring_state.index]
+        ring.consumer_release(ring_state)
+        ring_state.advance()
+        return t, ring_state
+
+    @cute.jit
+    def _take_tile(self, mSem: cute.Tensor, stride: Int32) -> Int32:
+        """The next tile of the launch order nobody took yet (the load warp): the counter at
+        sem[0, 0, 0] counts the tiles taken after the grid's first `stride`."""
+        t = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            t = cute.arch.atomic_add(mSem.iterator, Int32(1), sem="relaxed", scope="gpu")
+        return cute.arch.shuffle_sync(t, 0) + stride

@@ -190,12 +190,21 @@ class BwdTileConfig:
     # dQ writer, the register-tile dK / dV (not dkv_swap_ab, single_ds or a padded head dim);
     # not with tail_split or timeline
     persistent_ctas: int = 0
+    # ... whose CTAs take their tiles from a global counter at run time (the load warp's
+    # atomic add, handed to the other roles through a two-slot smem ring), in the plain
+    # grid's launch order, instead of a fixed stride: an SM that starts late (beside the
+    # persistent preprocess) or walks short tiles takes fewer
+    persistent_counter: bool = False
     # diagnostics only (never in the table): each CTA records its SM, work and event clocks
     # into the tail workspace's buffer (arch/common/timeline.py; run_bwd's `timeline`,
     # scripts/bwd_timeline.py), which tail_split would otherwise own
     timeline: bool = False
 
     def __post_init__(self):
+        if self.persistent_counter and not self.persistent_ctas:
+            raise ValueError(
+                "persistent_counter deals a persistent grid's tiles: needs persistent_ctas"
+            )
         if self.persistent_ctas and (
             self.tail_split
             or self.timeline

@@ -536,6 +536,9 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
         self.tx_bytes_do = tile_bytes(sdO_layout) + tm * 4
         self.tx_bytes_kv = tile_bytes(sK_layout) + tile_bytes(sV_layout)
 
+        # the persistent counter's two tile slots and its ring's four mbarriers (else unused)
+        n_sched = 6 if self.config.persistent_counter else 1
+
         @cute.struct
         class SharedStorage:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
@@ -551,6 +554,7 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_size], p_align]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
+            sched: cute.struct.MemRange[cutlass.Int64, n_sched]
 
         self.shared_storage = SharedStorage
         # the config's estimate (checked in _setup_attributes) leaves out alignment padding
@@ -675,6 +679,9 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
         pipe_kv = tma_pipeline(storage.mbar_kv, 1, self.tx_bytes_kv, warps)
         pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, self.tx_bytes_q, warps)
         pipe_do = tma_pipeline(storage.mbar_do, self.do_stages, self.tx_bytes_do, warps)
+        sched = None
+        if cutlass.const_expr(self.config.persistent_counter):
+            sched = self._tile_ring(storage.sched.data_ptr())
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -701,7 +708,7 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
                 sQ, sdO, sK, sV, sdS, sP, sdQ, sdK, sLSE, sDsum, pipe_kv, pipe_q, pipe_do,
                 tma_atom_dK, mdK, tma_atom_dV, mdV,
                 softmax_scale_log2, score_premul, softmax_scale, window_left, window_right,
-                mCuSeqlensQ, mCuSeqlensK, sections, mTailAcc, tail,
+                mCuSeqlensQ, mCuSeqlensK, sections, mTailAcc, tail, sched,
             )  # fmt: skip
         else:
             n_block, head, seq, row_off, mask, m_min, m_max = self._tile(
@@ -973,11 +980,10 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
         mSem: cute.Tensor,
         tail: TailSplit,
         states: tuple | None = None,
-        last=None,
     ):
         """One key tile's walk and dK / dV. A persistent CTA passes its pipeline states in
-        and gets them back for its next tile; its dK / dV go out from registers, and the
-        closing dQ handoff wait comes after its `last` tile only."""
+        and gets them back for its next tile; its dK / dV go out from registers, and it
+        waits for the dQ writer's last add itself, after its last tile (`_drain_dq`)."""
         roles = self.roles
         tm, tn = self.tile_m, self.tile_n
         single_ds = self.config.single_ds
@@ -1074,16 +1080,7 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
             tdQsdQ = tiled_mma_dq_part.get_slice(tidx % 128).partition_C(sdQ)
         else:
             tdQsdQ = thr_dq.partition_C(sdQ)
-        # the dQ handoff: the writer's barriers for this warpgroup's part, or for all of dQ
-        bar_dq_full, bar_dq_empty = roles.bar_dq_full, roles.bar_dq_empty
-        dq_threads = roles.dq_sync_threads
-        dq_buf = 0  # this warpgroup's staging buffer
-        if cutlass.const_expr(self.dq_halves or self.dq_wg_handoff):
-            bar_dq_full = roles.bar_dq_full + roles.bar_dq_wg_step * wg
-            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_wg_step * wg
-            if cutlass.const_expr(self.dq_wg_bufs):
-                dq_buf = wg
-            dq_threads = roles.dq_half_sync_threads
+        bar_dq_full, bar_dq_empty, dq_threads, dq_buf = self._dq_handoff(wg)
 
         # lse / D of the query of each S^T (S) element: the (tm, stages) row vectors seen
         # through a (tn, tm, stages) ((tm, tn, stages)) view that ignores the key (stride 0)
@@ -1296,11 +1293,9 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
                 tiled_mma_dk, tiled_mma_dv, mdK, mdV, acc_dk, acc_dv, tidx, seq, n_block, head,
                 softmax_scale,
             )  # fmt: skip
-            if last:
-                self._drain_dq(wg, bar_dq_empty, dq_threads)
             return kv_state, state, state_do
         if cutlass.const_expr(not self.config.epilogue_first):
-            self._drain_dq(wg, bar_dq_empty, dq_threads)
+            self._drain_dq(wg)
         final = cutlass.Boolean(True)
         if cutlass.const_expr(self.tail_split):
             final = self._tail_fixup(
@@ -1312,7 +1307,7 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
                 acc_dk, acc_dv, tidx, seq, n_block, head, softmax_scale, mTailAcc,
             )  # fmt: skip
         if cutlass.const_expr(self.config.epilogue_first):
-            self._drain_dq(wg, bar_dq_empty, dq_threads)
+            self._drain_dq(wg)
 
     # ------------------------------------------------------------------ helpers
     def _pipeline_states(self, kind):
@@ -1322,10 +1317,28 @@ class FlashBwdSm90(BwdDqWriter, BwdEpilogue, BwdPersistent):
         )
 
     @cute.jit
-    def _drain_dq(self, wg: Int32, bar_dq_empty: Int32, dq_threads: int):
+    def _dq_handoff(self, wg: Int32):
+        """The dQ handoff of warpgroup `wg`: (full barrier, empty barrier, their thread
+        count, its staging buffer), the writer's barriers for this warpgroup's part, or for
+        all of dQ."""
+        roles = self.roles
+        bar_dq_full, bar_dq_empty = roles.bar_dq_full, roles.bar_dq_empty
+        dq_threads = roles.dq_sync_threads
+        dq_buf = 0  # this warpgroup's staging buffer
+        if cutlass.const_expr(self.dq_halves or self.dq_wg_handoff):
+            bar_dq_full = roles.bar_dq_full + roles.bar_dq_wg_step * wg
+            bar_dq_empty = roles.bar_dq_empty + roles.bar_dq_wg_step * wg
+            if cutlass.const_expr(self.dq_wg_bufs):
+                dq_buf = wg
+            dq_threads = roles.dq_half_sync_threads
+        return bar_dq_full, bar_dq_empty, dq_threads, dq_buf
+
+    @cute.jit
+    def _drain_dq(self, wg: Int32):
         """Balance the writer's last arrive on dq_empty (it also means the last reduce read
         sdQ): with a buffer per warpgroup each waits on its own barrier; with one shared half
         buffer that arrive is the first warpgroup's."""
+        _, bar_dq_empty, dq_threads, _ = self._dq_handoff(wg)
         if cutlass.const_expr(self.dq_halves and not self.dq_wg_bufs):
             if wg == 0:
                 cute.arch.barrier(barrier_id=bar_dq_empty, number_of_threads=dq_threads)
