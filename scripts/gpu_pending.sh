@@ -559,8 +559,8 @@ d192-4k-causal,d192v128-4k-causal}" \
           --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
     pers_quick)
       # the persistent grid's first run: its D=128 GPU cases, then the A/B on three rows
-      gpu_tests 220 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py -k "bwd_persistent and dims2"
-      timeout 330 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+      gpu_tests 250 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py -k "bwd_persistent and dims2"
+      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal,d128-4k \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
           --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
