@@ -565,6 +565,15 @@ d192-4k-causal,d192v128-4k-causal}" \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
           --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
           --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
+    pers_mini)
+      # pers_quick on a short budget: the 5-CTA D=128 cases, two causal rows
+      gpu_tests 150 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py \
+          -k "bwd_persistent and dims2 and 5"
+      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 --variant base= \
+          --shapes d128-4k-causal,d128-16k-causal \
+          --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
+          --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
+          --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
     epi_ab)
       # BwdTileConfig.epilogue_first (the seventy-second session's timeline, H100: a CTA's end
       # is 1.0% of the D=128 16k causal grid's SM time and 3.6% of 4k causal's; its dK / dV
@@ -703,7 +712,7 @@ for step in "${steps[@]}"; do
     align_tests) tail -6 "$OUT/gpu_tests_end_aligned.log" ;;
     epi_tests) tail -6 "$OUT/gpu_tests_epilogue_first.log" ;;
     pers_tests) tail -6 "$OUT/gpu_tests_persistent.log" ;;
-    pers_ab|pers_quick) tail -6 "$OUT/gpu_tests_persistent.log"; tail -18 "$OUT/tune_bwd_persistent.log" ;;
+    pers_ab|pers_quick|pers_mini) tail -6 "$OUT/gpu_tests_persistent.log"; tail -18 "$OUT/tune_bwd_persistent.log" ;;
     epi_ab) tail -16 "$OUT/tune_bwd_epi.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
