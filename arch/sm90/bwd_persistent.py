@@ -22,11 +22,12 @@ of 4k causal's on an H100.
 
 Two walks. The static one fixes a CTA's tiles by its index, so an SM that starts late (beside
 the persistent preprocess, BwdTileConfig.pre_overlap) keeps its tiles, and a causal grid's
-unequal walks are dealt out blind. With BwdTileConfig.persistent_counter a CTA's first tile
-is its index and each next one comes from a global counter (sem[0, 0, 0], zeroed by the host):
-the load warp adds 1 to it while it loads the current tile and hands the tile index on
-through a two-slot smem ring (a PipelineAsync; 32 producer arrivals, the writer warp's and
-the consumers' 288 releases); an index past the last tile ends every role's walk.
+unequal walks are dealt out blind. With BwdTileConfig.persistent_counter every tile comes
+from a global counter (sem[0, 0, 0], zeroed by the host), a CTA's first too, so one that
+starts late takes a later tile: the load warp adds 1 to it while it loads the current tile
+and hands the index on through a two-slot smem ring (a PipelineAsync; 32 producer
+arrivals, the writer warp's and the consumers' 288 releases); an index past the last tile
+ends every role's walk.
 
 Constraints (FlashBwdSm90._setup_attributes, BwdTileConfig): dense inputs, the default order,
 one CTA a query head (no group_heads), one dQ writer, register-tile dK / dV, no tail_split or
@@ -124,12 +125,15 @@ class BwdPersistent:
                 ring_state = pipeline.make_pipeline_state(producer, 2)
                 t = first
                 if cutlass.const_expr(counter):
+                    # every tile from the counter, the first too: a CTA that starts late
+                    # (beside the persistent preprocess) takes a later one
+                    t = self._take_tile(mSem)
                     ring_state = self._publish(sched, ring_state, t)
                 while t < num_tiles:
                     t_next = t + stride
                     if cutlass.const_expr(counter):
                         # the next tile is taken (and handed on) while this one loads
-                        t_next = self._take_tile(mSem, stride)
+                        t_next = self._take_tile(mSem)
                         ring_state = self._publish(sched, ring_state, t_next)
                     block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
                     n_block, head, seq, row_off, _, m_min, m_max = self._tile(
@@ -149,12 +153,12 @@ class BwdPersistent:
                 if cutlass.const_expr(counter):
                     sched[0].producer_tail(ring_state)
             if warp_idx == roles.dq_warp:
-                if first < num_tiles:
-                    self.dq_buffers_empty(Int32(0))
                 ring_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
                 t = first
                 if cutlass.const_expr(counter):
                     t, ring_state = self._read_tile(sched, ring_state)
+                if t < num_tiles:
+                    self.dq_buffers_empty(Int32(0))
                 while t < num_tiles:
                     t_next = t + stride
                     if cutlass.const_expr(counter):
@@ -239,10 +243,10 @@ class BwdPersistent:
         return t, ring_state
 
     @cute.jit
-    def _take_tile(self, mSem: cute.Tensor, stride: Int32) -> Int32:
-        """The next tile of the launch order nobody took yet (the load warp): the counter at
-        sem[0, 0, 0] counts the tiles taken after the grid's first `stride`."""
+    def _take_tile(self, mSem: cute.Tensor) -> Int32:
+        """The next tile of the launch order nobody took yet (the load warp, every lane):
+        the counter at sem[0, 0, 0] counts the tiles taken."""
         t = Int32(0)
         if cute.arch.lane_idx() == 0:
             t = cute.arch.atomic_add(mSem.iterator, Int32(1), sem="relaxed", scope="gpu")
-        return cute.arch.shuffle_sync(t, 0) + stride
+        return cute.arch.shuffle_sync(t, 0)
