@@ -567,9 +567,9 @@ d192-4k-causal,d192v128-4k-causal}" \
           --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
     pers_mini)
       # pers_quick on a short budget: the 5-CTA D=128 cases, two causal rows
-      gpu_tests 150 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py \
+      gpu_tests 130 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py \
           -k "bwd_persistent and dims2 and 5"
-      timeout 200 python3 scripts/tune_bwd_sm90.py --reps 20 --variant base= \
+      timeout 170 python3 scripts/tune_bwd_sm90.py --reps 20 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal \
           --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
