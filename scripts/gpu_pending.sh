@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab det_ratio` (det_ratio's four
-# lowest shapes ran on an H200 in the seventieth session). The seventy-second session ran
-# `align_tests align_ab timeline` on an H100 (end_aligned passed and won: now in the table;
-# the timeline's second run failed on a bad variant, since fixed); epi_* are its own, which no
-# machine ran: call `epi_tests epi_ab` first, then bwd_bench on an H200. The
+# `pers_tests pers_ab epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab det_ratio`
+# (det_ratio's four lowest shapes ran on an H200 in the seventieth session). The
+# seventy-second session ran `align_tests align_ab timeline` on an H100 (end_aligned passed
+# and won: now in the table; the timeline's second run failed on a bad variant, since fixed);
+# pers_* (the persistent backward) and epi_* are its own, which no machine ran: call
+# `pers_tests pers_ab` first (`pers_quick` or `pers_mini` on a short budget), then `epi_tests
+# epi_ab`, then bwd_bench on an H200. The
 # seventieth session ran `decode_bench bwd_bench v128_ab
 # bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
 # decode_bench smask_ab v128_ab bwd192_bench` and `det_ratio` on four shapes on an H200
@@ -88,6 +90,10 @@
 #   align_tests the GPU tests of BwdTileConfig.end_aligned (forced on the flat-dQ tiles, no
 #               short-rows bucket: 20 cases); align_ab: the table (which takes it on the dense
 #               causal 80- and 96-row tiles) against it off (tune_bwd_sm90.py)
+#   pers_tests  the GPU tests of BwdTileConfig.persistent_ctas (12 cases: 5 / 132 CTAs, stride
+#               and counter walks, D = 64 / 96 / 128); pers_ab: the persistent grid (stride,
+#               stride without pre_overlap, counter) against the table on five rows;
+#               pers_quick / pers_mini: the D=128 cases and a shorter A/B
 #   epi_tests   the GPU tests of BwdTileConfig.epilogue_first (forced on every dense key: five
 #               head dims, unmasked, causal, deterministic bitwise, tail_split) and the table's
 #               end_aligned domain; epi_ab: its A/B against the table (tune_bwd_sm90.py)
@@ -154,8 +160,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab
-                                det_ratio)
+[ ${#steps[@]} -eq 0 ] && steps=(pers_tests pers_ab epi_tests epi_ab bwd_bench sdk_rows cta_cost
+                                preov_ab sdk_ab det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
