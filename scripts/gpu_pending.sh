@@ -583,7 +583,7 @@ d192-4k-causal,d192v128-4k-causal}" \
     epi_ab)
       # BwdTileConfig.epilogue_first (the seventy-second session's timeline, H100: a CTA's end
       # is 1.0% of the D=128 16k causal grid's SM time and 3.6% of 4k causal's; its dK / dV
-      # store ran after the dQ writer's last add, 2.6-2.9 us against the writer's 1.7-1.9 us)
+      # store ran after the dQ writer's last add, 2.6-3.0 us against its 1.7-1.9 us at D=128)
       # against the table, on each head dim's tiles (D=96 4k causal: the short-rows tile)
       timeout 480 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d128-4k,d128-16k,d64-4k,d256-4k-causal \
