@@ -54,10 +54,7 @@ class BwdEpilogue:
         mTimeline: cute.Tensor | None,
     ):
         roles = self.roles
-        r_dk = cute.make_rmem_tensor_like(acc_dk, self.dtype)
-        r_dk.store((acc_dk.load() * softmax_scale).to(self.dtype))
-        r_dv = cute.make_rmem_tensor_like(acc_dv, self.dtype)
-        r_dv.store(acc_dv.load().to(self.dtype))
+        r_dk, r_dv = self._dkv_out(acc_dk, acc_dv, softmax_scale)
         # dK / dV are staged in the K / V buffers: every warpgroup must be done reading them
         cute.arch.barrier(barrier_id=roles.bar_epilogue, number_of_threads=roles.num_mma_threads)
         # under swap_dkv the accumulators are dK^T / dV^T: a transposing stmatrix puts them
@@ -177,10 +174,7 @@ class BwdEpilogue:
         once. Rows past seqlen_k (the last key tile) are not stored. Dense, register-tile
         dK / dV (not swap_dkv), tile head dims equal to the tensors' (BwdTileConfig)."""
         tn = self.tile_n
-        r_dk = cute.make_rmem_tensor_like(acc_dk, self.dtype)
-        r_dk.store((acc_dk.load() * softmax_scale).to(self.dtype))
-        r_dv = cute.make_rmem_tensor_like(acc_dv, self.dtype)
-        r_dv.store(acc_dv.load().to(self.dtype))
+        r_dk, r_dv = self._dkv_out(acc_dk, acc_dv, softmax_scale)
         outs = (
             (tiled_mma_dk, r_dk, mdK[None, None, head, seq.kv_batch], self.tile_d),
             (tiled_mma_dv, r_dv, mdV[None, None, head, seq.kv_batch], self.tile_dv),
@@ -197,3 +191,12 @@ class BwdEpilogue:
                 for i in cutlass.range_constexpr(cute.size(r_x)):
                     if tXcX[i][0] < rows:
                         tXgX[i] = r_x[i]
+
+    @cute.jit
+    def _dkv_out(self, acc_dk: cute.Tensor, acc_dv: cute.Tensor, softmax_scale: Float32):
+        """dK (times softmax_scale) and dV in the inputs' dtype, in the accumulators' layout."""
+        r_dk = cute.make_rmem_tensor_like(acc_dk, self.dtype)
+        r_dk.store((acc_dk.load() * softmax_scale).to(self.dtype))
+        r_dv = cute.make_rmem_tensor_like(acc_dv, self.dtype)
+        r_dv.store(acc_dv.load().to(self.dtype))
+        return r_dk, r_dv

@@ -107,7 +107,6 @@ class BwdPersistent:
         (persistent_counter), else None."""
         roles = self.roles
         tile_args = (mQ, mK, mCuSeqlensQ, mCuSeqlensK, sections, tail, window_left, window_right)
-        heads = cute.size(mQ.shape[2])
         first, stride = cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
         num_tiles = tail.start
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -135,10 +134,7 @@ class BwdPersistent:
                         # the next tile is taken (and handed on) while this one loads
                         t_next = self._take_tile(mSem)
                         ring_state = self._publish(sched, ring_state, t_next)
-                    block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
-                    n_block, head, seq, row_off, _, m_min, m_max = self._tile(
-                        (block, head_t, batch), *tile_args
-                    )
+                    n_block, head, seq, row_off, _, m_min, m_max = self._tile_at(t, tile_args)
                     kv_state, state, state_do = self.load(
                         tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
                         tma_atom_LSE, mLSE, tma_atom_Dsum, mDsum,
@@ -160,13 +156,8 @@ class BwdPersistent:
                 if t < num_tiles:
                     self.dq_buffers_empty(Int32(0))
                 while t < num_tiles:
-                    t_next = t + stride
-                    if cutlass.const_expr(counter):
-                        t_next, ring_state = self._read_tile(sched, ring_state)
-                    block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
-                    n_block, head, seq, row_off, mask, m_min, m_max = self._tile(
-                        (block, head_t, batch), *tile_args
-                    )
+                    t_next, ring_state = self._next_tile(t, stride, sched, ring_state)
+                    n_block, head, seq, row_off, mask, m_min, m_max = self._tile_at(t, tile_args)
                     self.dq_writer(
                         tma_atom_dQ, mdQacc, sdQ, mSem, mask, seq, row_off, n_block, head,
                         m_min, m_max, mLSE.shape[0], Int32(0), tail, None, pre_arrive=False,
@@ -182,13 +173,8 @@ class BwdPersistent:
                 t, ring_state = self._read_tile(sched, ring_state)
             walked = t < num_tiles
             while t < num_tiles:
-                t_next = t + stride
-                if cutlass.const_expr(counter):
-                    t_next, ring_state = self._read_tile(sched, ring_state)
-                block, head_t, batch, _, _ = tail_split_coords(tail, heads, linear=t)
-                n_block, head, seq, _, mask, m_min, m_max = self._tile(
-                    (block, head_t, batch), *tile_args
-                )
+                t_next, ring_state = self._next_tile(t, stride, sched, ring_state)
+                n_block, head, seq, _, mask, m_min, m_max = self._tile_at(t, tile_args)
                 kv_state, state, state_do = self.mma(
                     tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tiled_mma_dq_part,
                     tma_atom_dK, mdK, tma_atom_dV, mdV,
@@ -203,6 +189,23 @@ class BwdPersistent:
                 # first tile)
                 wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] - 128) // 128)
                 self._drain_dq(wg)
+
+    @cute.jit
+    def _tile_at(self, t: Int32, tile_args: tuple):
+        """`_tile` of the plain grid's tile number `t` (key tiles fastest, then heads, then
+        batches: `tail` holds no split here, only the divisor by the key tiles)."""
+        mQ, tail = tile_args[0], tile_args[5]
+        block, head, batch, _, _ = tail_split_coords(tail, cute.size(mQ.shape[2]), linear=t)
+        return self._tile((block, head, batch), *tile_args)
+
+    @cute.jit
+    def _next_tile(self, t: Int32, stride: Int32, sched: tuple | None, ring_state):
+        """The tile after `t` for the dQ writer and the consumers: `stride` on, or the next
+        index the load warp handed on (persistent_counter)."""
+        t_next = t + stride
+        if cutlass.const_expr(self.config.persistent_counter):
+            t_next, ring_state = self._read_tile(sched, ring_state)
+        return t_next, ring_state
 
     def _tile_ring(self, ptr: cute.Pointer):
         """persistent_counter's ring over the `sched` smem words: (PipelineAsync of two
