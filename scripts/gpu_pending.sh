@@ -557,7 +557,7 @@ d192-4k-causal,d192v128-4k-causal}" \
       # gaps: 1.9% of the D=128 16k causal grid, 7.0% of 4k causal's, H100) against the table,
       # with the preprocess beside it (its 16 SMs' CTAs start late and keep their tiles) and
       # before it
-      timeout 540 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+      timeout 540 python3 scripts/tune_bwd_sm90.py --fa4 --reps 30 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal,d128-4k,d96-16k-causal,d64-4k \
           --variant p132=persistent_ctas=132,tail_split=False \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
@@ -566,7 +566,7 @@ d192-4k-causal,d192v128-4k-causal}" \
     pers_quick)
       # the persistent grid's first run: its D=128 GPU cases, then the A/B on three rows
       gpu_tests 250 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py -k "bwd_persistent and dims2"
-      timeout 300 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+      timeout 300 python3 scripts/tune_bwd_sm90.py --fa4 --reps 30 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal,d128-4k \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
           --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
@@ -575,7 +575,7 @@ d192-4k-causal,d192v128-4k-causal}" \
       # pers_quick on a short budget: the 5-CTA D=128 cases, two causal rows
       gpu_tests 130 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py \
           -k "bwd_persistent and dims2 and 5"
-      timeout 170 python3 scripts/tune_bwd_sm90.py --reps 20 --variant base= \
+      timeout 170 python3 scripts/tune_bwd_sm90.py --fa4 --reps 20 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal \
           --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \

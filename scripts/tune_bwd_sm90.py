@@ -11,13 +11,16 @@ median and p95 over --reps, TFLOP/s counting 2.5x the forward FLOPs like the ben
         --variant base= --variant split=split_mask_loops=True --variant det=deterministic=1
 
 --varlen runs each shape's batch as that many packed sequences of seqlen tokens
-(cu_seqlens, `run_bwd_varlen`), the varlen kernels' own table entries and code.
+(cu_seqlens, `run_bwd_varlen`), the varlen kernels' own table entries and code. --fa4 times
+FA4's backward (flash-attn-4, through autograd as the bench times it) in the same rounds, so a
+variant's ratio to FA4 comes from one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 
@@ -198,6 +201,35 @@ def variant_key(p, overrides: dict, group: bool = False):
     return dataclasses.replace(key, tile=dataclasses.astuple(cfg)), cfg
 
 
+def fa4_variant(small, do_small, ref_g, big, do_big, causal, mask):
+    """FA4's backward (flash_attn.cute, autograd.grad over a kept forward graph, as the bench
+    times it): (max error against the fp32 reference on the small problem, [], its call)."""
+    from flash_attn.cute import flash_attn_func
+
+    kw = dict(causal=causal)
+    if mask["softcap"]:
+        kw["softcap"] = mask["softcap"]
+    if mask["window_size"] != (None, None):
+        kw["window_size"] = mask["window_size"]
+
+    def graph(ts):
+        leaves = [t.detach().requires_grad_() for t in ts]
+        out = flash_attn_func(*leaves, **kw)
+        return (out[0] if isinstance(out, tuple) else out), leaves
+
+    out_s, leaves_s = graph(small)
+    g = torch.autograd.grad(out_s, leaves_s, do_small)
+    err = max((a.float() - r).abs().max().item() for a, r in zip(g, ref_g))
+    out_b, leaves_b = graph(big)
+
+    def call():
+        return torch.autograd.grad(out_b, leaves_b, do_big, retain_graph=True)
+
+    for _ in range(2):
+        call()
+    return err, [], call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", action="append", default=[], help="name=overrides")
@@ -207,6 +239,9 @@ def main():
     ap.add_argument("--softcap", type=float, default=0.0, help="every shape and variant")
     ap.add_argument("--window", default=None, help="LEFT,RIGHT for every shape (-1: none)")
     ap.add_argument("--varlen", action="store_true", help="B packed sequences of S tokens")
+    ap.add_argument(
+        "--fa4", action="store_true", help="FA4's backward as one more variant (dense only)"
+    )
     args = ap.parse_args()
     if args.varlen:
         mk_problem, fwd, bwd = Packed.problem, Packed.fwd, Packed.bwd
@@ -257,26 +292,35 @@ def main():
                 tail = forced_tail(*big[:2], cfg, parts, False)
                 for _ in range(2):
                     bwd(*big, o_big, lse_big, do_big, p, key_big, pre, tail)
-                live.append((name, cfg, det, p, (key_big, pre, tail), err, []))
+                call = functools.partial(bwd, *big, o_big, lse_big, do_big, p, key_big, pre, tail)
+                live.append((name, cfg, det, (key_big, pre, tail), err, [], call))
             except Exception as e:
                 rows.append(dict(shape=shape, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
+        if args.fa4 and not args.varlen:
+            try:
+                err, times, call = fa4_variant(small, do_small, ref_g, big, do_big, causal, mask)
+                live.append(("fa4", None, False, (None, None, None), err, times, call))
+            except Exception as e:
+                rows.append(
+                    dict(shape=shape, variant="fa4", error=f"{type(e).__name__}: {e}"[:300])
+                )
         for _rep in range(args.reps):
-            for _name, _cfg, _det, p, key, _err, times in live:
+            for *_, times, call in live:
                 # a call queued before the first event and INNER calls between the events: the
                 # host's launch work overlaps GPU work instead of showing up as idle time
                 st, en = torch.cuda.Event(True), torch.cuda.Event(True)
-                bwd(*big, o_big, lse_big, do_big, p, *key)
+                call()
                 st.record()
                 for _ in range(INNER):
-                    bwd(*big, o_big, lse_big, do_big, p, *key)
+                    call()
                 en.record()
                 en.synchronize()
                 times.append(st.elapsed_time(en) / INNER)
-        for name, cfg, det, _p, (_key, pre, tail), err, times in live:
+        for name, cfg, det, (_key, pre, tail), err, times, _call in live:
             times.sort()
             med = statistics.median(times)
             p95 = times[int(0.95 * (len(times) - 1))]
-            row = dict(shape=shape, variant=name, config=dataclasses.asdict(cfg),
+            row = dict(shape=shape, variant=name, config=cfg and dataclasses.asdict(cfg),
                        deterministic=det, pre_ctas=pre, tail=tail, varlen=args.varlen, err=err,
                        median_ms=med, p95_ms=p95,
                        tflops=flops / med / 1e9)  # fmt: skip
