@@ -585,7 +585,7 @@ d192-4k-causal,d192v128-4k-causal}" \
       # is 1.0% of the D=128 16k causal grid's SM time and 3.6% of 4k causal's; its dK / dV
       # store ran after the dQ writer's last add, 2.6-3.0 us against its 1.7-1.9 us at D=128)
       # against the table, on each head dim's tiles (D=96 4k causal: the short-rows tile)
-      timeout 480 python3 scripts/tune_bwd_sm90.py --reps 30 --variant base= \
+      timeout 480 python3 scripts/tune_bwd_sm90.py --fa4 --reps 30 --variant base= \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d128-4k,d128-16k,d64-4k,d256-4k-causal \
           --variant epi=epilogue_first=True \
           --out "$OUT/tune_bwd_epi_$gpu.json" > "$OUT/tune_bwd_epi.log" 2>&1 ;;
@@ -604,7 +604,7 @@ d192-4k-causal,d192v128-4k-causal}" \
       no_flat=dq_skip_zero_rows=False,end_aligned=False
       # m64f_sdk: the 64 rows with the flat dQ staging (never timed past 1k causal; builds
       # spill-free for sm_90a at D=128 causal, seventy-first session)
-      timeout 420 python3 scripts/tune_bwd_sm90.py --reps 30 \
+      timeout 420 python3 scripts/tune_bwd_sm90.py --fa4 --reps 30 \
           --shapes d128-4k-causal,d128-16k-causal,d96-4k-causal,d96-16k-causal,d96-4k \
           --variant base= --variant m64=tile_m=64,dq_flat=False,$no_flat \
           --variant m64_sdk=tile_m=64,dq_flat=False,s_under_dk=True,$no_flat \
@@ -712,14 +712,15 @@ for step in "${steps[@]}"; do
     bwd_touched) tail -8 "$OUT/gpu_tests_bwd_touched.log" ;;
     softcap96) tail -8 "$OUT/gpu_tests_softcap96.log" ;;
     bwd_tail) tail -8 "$OUT/gpu_tests_bwd_tail.log" ;;
-    sdk_rows) tail -27 "$OUT/tune_bwd_sdk_rows.log" ;;
+    sdk_rows) tail -32 "$OUT/tune_bwd_sdk_rows.log" ;;
     cta_cost) tail -26 "$OUT/bwd_cta_cost.log" ;;
     align_ab) tail -14 "$OUT/tune_bwd_align.log" ;;
     align_tests) tail -6 "$OUT/gpu_tests_end_aligned.log" ;;
     epi_tests) tail -6 "$OUT/gpu_tests_epilogue_first.log" ;;
     pers_tests) tail -6 "$OUT/gpu_tests_persistent.log" ;;
-    pers_ab|pers_quick|pers_mini) tail -6 "$OUT/gpu_tests_persistent.log"; tail -18 "$OUT/tune_bwd_persistent.log" ;;
-    epi_ab) tail -16 "$OUT/tune_bwd_epi.log" ;;
+    pers_quick|pers_mini) tail -6 "$OUT/gpu_tests_persistent.log"; tail -16 "$OUT/tune_bwd_persistent.log" ;;
+    pers_ab) tail -27 "$OUT/tune_bwd_persistent.log" ;;
+    epi_ab) tail -23 "$OUT/tune_bwd_epi.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;
     smask_ab) tail -14 "$OUT/tune_bwd_smask.log" ;;

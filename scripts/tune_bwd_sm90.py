@@ -327,13 +327,16 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     json.dump(rows, open(args.out, "w"), indent=1)
-    print(f"\n{'shape':<18} {'variant':<12} {'ms':>8} {'p95':>8} {'TFLOP/s':>8} {'err':>9}")
+    # `xfa4`: FA4's median over the variant's (above 1: faster than FA4), with --fa4
+    fa4 = {r["shape"]: r["median_ms"] for r in rows if r["variant"] == "fa4" and "error" not in r}
+    print(f"\n{'shape':<18} {'variant':<12} {'ms':>8} {'p95':>8} {'TFLOP/s':>8} {'err':>9} xfa4")
     for r in rows:
         if "error" in r:
             print(f"{r['shape']:<18} {r['variant']:<12} ERROR {r['error'][:60]}")
         else:
+            vs = f" {fa4[r['shape']] / r['median_ms']:.3f}" if r["shape"] in fa4 else ""
             print(f"{r['shape']:<18} {r['variant']:<12} {r['median_ms']:8.3f} {r['p95_ms']:8.3f} "
-                  f"{r['tflops']:8.1f} {r['err']:9.2e}")  # fmt: skip
+                  f"{r['tflops']:8.1f} {r['err']:9.2e}{vs}")  # fmt: skip
 
 
 if __name__ == "__main__":
