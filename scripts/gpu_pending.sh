@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `pers_tests pers_ab epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab det_ratio`
-# (det_ratio's four lowest shapes ran on an H200 in the seventieth session). The
-# seventy-second session ran `align_tests align_ab timeline` on an H100 (end_aligned passed
+# `pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab
+# det_ratio` (det_ratio's four lowest shapes ran on an H200 in the seventieth session). No
+# machine ran in the seventy-third session (four starts refused, then loans paused); it added
+# FA4 to every A/B step (`tune_bwd_sm90.py --fa4`) and pers_short. The seventy-second session ran `align_tests align_ab timeline` on an H100 (end_aligned passed
 # and won: now in the table; the timeline's second run failed on a bad variant, since fixed);
 # pers_* (the persistent backward) and epi_* are its own, which no machine ran: call
-# `pers_tests pers_ab` first (`pers_quick` or `pers_mini` on a short budget), then `epi_tests
+# `pers_tests pers_ab pers_short` first (`pers_quick` or `pers_mini` on a short budget), then `epi_tests
 # epi_ab`, then bwd_bench on an H200. The
 # seventieth session ran `decode_bench bwd_bench v128_ab
 # bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
@@ -93,7 +94,9 @@
 #   pers_tests  the GPU tests of BwdTileConfig.persistent_ctas (12 cases: 5 / 132 CTAs, stride
 #               and counter walks, D = 64 / 96 / 128); pers_ab: the persistent grid (stride,
 #               stride without pre_overlap, counter) against the table on five rows;
-#               pers_quick / pers_mini: the D=128 cases and a shorter A/B
+#               pers_short: D=96 4k causal's short-rows tile and its counter walk;
+#               pers_quick / pers_mini: the D=128 cases and a shorter A/B. Every A/B step
+#               times FA4's backward in the same rounds (tune_bwd_sm90.py --fa4)
 #   epi_tests   the GPU tests of BwdTileConfig.epilogue_first (forced on every dense key: five
 #               head dims, unmasked, causal, deterministic bitwise, tail_split) and the table's
 #               end_aligned domain; epi_ab: its A/B against the table (tune_bwd_sm90.py)
@@ -160,7 +163,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pers_tests pers_ab epi_tests epi_ab bwd_bench sdk_rows cta_cost
+[ ${#steps[@]} -eq 0 ] && steps=(pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench sdk_rows cta_cost
                                 preov_ab sdk_ab det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
@@ -563,6 +566,15 @@ d192-4k-causal,d192v128-4k-causal}" \
           --variant p132pre=persistent_ctas=132,tail_split=False,pre_overlap=False \
           --variant p132c=persistent_ctas=132,tail_split=False,persistent_counter=True \
           --out "$OUT/tune_bwd_persistent_$gpu.json" > "$OUT/tune_bwd_persistent.log" 2>&1 ;;
+    pers_short)
+      # D=96 4k causal runs the short-rows tile (64 swizzled rows with s_under_dk; 0.984x FA4
+      # on the H200 in the seventieth session), which the script takes only as overrides: that
+      # tile against its persistent counter walk
+      short=tile_m=64,dq_flat=False,s_under_dk=True,dq_skip_zero_rows=False,end_aligned=False
+      timeout 200 python3 scripts/tune_bwd_sm90.py --fa4 --reps 30 --shapes d96-4k-causal \
+          --variant "short=$short" \
+          --variant "short_p132c=$short,persistent_ctas=132,tail_split=False,persistent_counter=True" \
+          --out "$OUT/tune_bwd_persistent_short_$gpu.json" > "$OUT/tune_bwd_persistent_short.log" 2>&1 ;;
     pers_quick)
       # the persistent grid's first run: its D=128 GPU cases, then the A/B on three rows
       gpu_tests 250 gpu_tests_persistent.log -vv tests/test_bwd_sm90.py -k "bwd_persistent and dims2"
@@ -720,6 +732,7 @@ for step in "${steps[@]}"; do
     pers_tests) tail -6 "$OUT/gpu_tests_persistent.log" ;;
     pers_quick|pers_mini) tail -6 "$OUT/gpu_tests_persistent.log"; tail -16 "$OUT/tune_bwd_persistent.log" ;;
     pers_ab) tail -27 "$OUT/tune_bwd_persistent.log" ;;
+    pers_short) tail -5 "$OUT/tune_bwd_persistent_short.log" ;;
     epi_ab) tail -23 "$OUT/tune_bwd_epi.log" ;;
     timeline) tail -14 "$OUT/bwd_timeline.log"; tail -8 "$OUT/bwd_timeline_short.log" ;;
     v128_ab) tail -12 "$OUT/tune_bwd_v128.log" ;;

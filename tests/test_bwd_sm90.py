@@ -927,12 +927,15 @@ from cute_attn.aot import _sass
 from cute_attn.arch.sm90.compile import BwdSpec, compile_bwd
 from cute_attn.arch.sm90.bwd_tiles import bwd_tile_config
 out = {}
+# "96s": D = 96's short-rows tile (64 swizzled rows with s_under_dk; D=96 4k causal's)
 for name, causal, counter in ((128, True, False), (96, True, False), (64, False, False),
-                              ("128c", True, True)):
-    d = 128 if counter else name
+                              ("96s", True, False), ("128c", True, True)):
+    d = 128 if counter else int(str(name).rstrip("s"))
+    short = str(name).endswith("s")
     for ctas in (132,) if counter else (0, 132):
-        cfg = dataclasses.replace(bwd_tile_config(d, d, causal, False), persistent_ctas=ctas,
-                                  tail_split=False, persistent_counter=counter)
+        cfg = dataclasses.replace(bwd_tile_config(d, d, causal, False, short=short),
+                                  persistent_ctas=ctas, tail_split=False,
+                                  persistent_counter=counter)
         spec = BwdSpec("bfloat16", d, d, 8, 8, False, causal, False, cfg)
         sass = _sass(compile_bwd(spec, f"--keep-cubin --dump-dir={tempfile.mkdtemp()}").__cubin__)
         out[f"{name} {ctas}"] = {
@@ -950,7 +953,7 @@ def test_bwd_persistent_builds(tmp_path):
     r = run_json_snippet(_PERSISTENT_SNIPPET, tmp_path, timeout=1200)
     if not r["128 0"]["sass"]:
         pytest.skip("nvdisasm not installed: cannot read SASS")
-    for d in (128, 96, 64):
+    for d in (128, 96, 64, "96s"):
         one, many = r[f"{d} 0"], r[f"{d} 132"]
         assert one["spills"] == many["spills"] == 0 and one["hgmma"] == many["hgmma"], r
         assert one["tma_store"] > 0 and many["tma_store"] == 0 and many["stg"] > 0, r
