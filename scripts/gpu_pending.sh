@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU work left for the next machine (after the GPU bundle is unpacked and cute_attn
 # installed there), by steps; the default is what is still pending, all on an H200:
-# `pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab sdk_ab
-# det_ratio` (det_ratio's four lowest shapes ran on an H200 in the seventieth session). No
-# machine ran in the seventy-third session (four starts refused, then loans paused); it added
-# FA4 to every A/B step (`tune_bwd_sm90.py --fa4`) and pers_short. The seventy-second session ran `align_tests align_ab timeline` on an H100 (end_aligned passed
-# and won: now in the table; the timeline's second run failed on a bad variant, since fixed);
-# pers_* (the persistent backward) and epi_* are its own, which no machine ran: call
-# `pers_tests pers_ab pers_short` first (`pers_quick` or `pers_mini` on a short budget), then `epi_tests
-# epi_ab`, then bwd_bench on an H200. The
+# `pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab
+# sdk_ab det_ratio` (det_ratio's four lowest shapes ran on an H200 in the seventieth
+# session). No machine ran in the seventy-third session (six calls refused, then loans
+# paused); it added FA4 to every A/B step (`tune_bwd_sm90.py --fa4`) and pers_short. The
+# seventy-second session ran `align_tests align_ab timeline` on an H100 (end_aligned passed
+# and won: now in the table; the timeline's second run failed on a bad variant, since
+# fixed); pers_* (the persistent backward) and epi_* are its own, which no machine ran: call
+# `pers_tests pers_ab pers_short` first (`pers_quick` or `pers_mini` on a short budget),
+# then `epi_tests epi_ab`, then bwd_bench on an H200. The
 # seventieth session ran `decode_bench bwd_bench v128_ab
 # bwd192_bench` on an H100 (its v128_ab an A/A run, since fixed), then `bwd_bench
 # decode_bench smask_ab v128_ab bwd192_bench` and `det_ratio` on four shapes on an H200
