@@ -3,7 +3,7 @@
 # installed there), by steps; the default is what is still pending, all on an H200:
 # `pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench sdk_rows cta_cost preov_ab
 # sdk_ab det_ratio` (det_ratio's four lowest shapes ran on an H200 in the seventieth
-# session). No machine ran in the seventy-third session (six calls refused, then loans
+# session). No machine ran in the seventy-third session (six starts refused, then loans
 # paused); it added FA4 to every A/B step (`tune_bwd_sm90.py --fa4`) and pers_short. The
 # seventy-second session ran `align_tests align_ab timeline` on an H100 (end_aligned passed
 # and won: now in the table; the timeline's second run failed on a bad variant, since
