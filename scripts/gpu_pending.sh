@@ -164,8 +164,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_ATTN_CACHE_DIR=${CUTE_ATTN_CACHE_DIR:-/tmp/cute_attn_cache}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench sdk_rows cta_cost
-                                preov_ab sdk_ab det_ratio)
+[ ${#steps[@]} -eq 0 ] && steps=(pers_tests pers_ab pers_short epi_tests epi_ab bwd_bench
+                                sdk_rows cta_cost preov_ab sdk_ab det_ratio)
 # the GPU's name in the JSON files' names: h100, h200 (the device tool may lend either)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
       | grep -o -i 'h[0-9]00' | tr 'H' 'h')
